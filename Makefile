@@ -1,0 +1,35 @@
+# The two set-up commands (README): `make demo` and `make test`.
+# Both build .venv themselves from PyPI and the local CPU torch wheel.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and exactly, so the CPU build is what satisfies the range below.
+	$(BIN)/pip install --quiet "torch==2.13.0"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ups demo
+
+test: $(STAMP)
+	bash scripts/test.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	bash benchmarks/run_all.sh
+
+clean:
+	rm -rf $(VENV) runs data cache

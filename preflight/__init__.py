@@ -1,0 +1,1 @@
+"""ups-preflight: prove a fresh host is fit to train before money is spent."""

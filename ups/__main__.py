@@ -1,0 +1,5 @@
+import sys
+
+from ups.cli import main
+
+sys.exit(main())

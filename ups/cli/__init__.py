@@ -1,0 +1,43 @@
+"""``ups`` command: each subcommand is its own small module with ``main(argv) -> int``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": ("ups.cli.demo", "synthesize the demo data if needed and train on it with 2 ranks"),
+    "train": ("ups.train.main", "run one training worker (what torchrun starts; ups-train)"),
+    "launch": ("ups.cli.launch", "preflight, then torchrun: the one way to start training"),
+    "preflight": ("preflight.cli", "check that this host is fit to train (ups-preflight)"),
+    "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
+    "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "usage: ups COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from ups import __version__
+
+        print(__version__)
+        return 0
+    entry = COMMANDS.get(args[0])
+    if entry is None:
+        print(f"ups: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(entry[0])
+    return int(module.main(args[1:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""How a run ended, written to ``<run_dir>/outcome.json`` for people and tools.
+
+The file is the single source of truth that ``ups launch``, compose tooling and
+``fab logs`` read. Written atomically (temp file, fsync, rename), so a reader never
+sees half a file. Schema (stable, ``schema_version`` 1)::
+
+    {
+      "schema_version": 1,
+      "run_id": "demo-20261122-001500",
+      "outcome": "finished" | "failed" | "preempted",
+      "exit_code": 0 | 1 | 75 | ...,
+      "reason": "one sentence for people",
+      "step": 412,                     # last completed optimizer step, or null
+      "world_size": 2,
+      "failed_rank": 1,                # or null
+      "signal": "SIGSEGV",             # or null
+      "traceback": "runs/<id>/logs/rank1.jsonl",   # where to look, or null
+      "checkpoint": "runs/<id>/checkpoints/step_000400.pt",  # newest good one, or null
+      "metrics": {"eval/advection/rel_l2": 0.05, ...},
+      "time": "2026-11-22T00:15:00Z"
+    }
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+OUTCOME_FILE = "outcome.json"
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+"""Bad config or data, reported before any process group started."""
+EXIT_PREEMPTED = 75
+"""SIGTERM received (docker stop, Vast preemption); a checkpoint was written. EX_TEMPFAIL."""
+
+Kind = Literal["finished", "failed", "preempted"]
+
+
+@dataclass(kw_only=True)
+class Outcome:
+    run_id: str
+    outcome: Kind
+    exit_code: int
+    reason: str
+    step: int | None = None
+    world_size: int = 1
+    failed_rank: int | None = None
+    signal: str | None = None
+    traceback: str | None = None
+    checkpoint: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    time: str = field(
+        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    )
+    schema_version: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_outcome(run_dir: Path, outcome: Outcome) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / OUTCOME_FILE
+    atomic_write_text(path, outcome.to_json())
+    return path
+
+
+def read_outcome(run_dir: Path) -> Outcome | None:
+    """Return the run's outcome, or None when it has not ended (or never wrote one)."""
+    path = run_dir / OUTCOME_FILE
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return Outcome(**data)
