@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any, TextIO
 
@@ -43,7 +44,9 @@ class _Sinks:
             self.file.write(line + "\n")
             self.file.flush()
         if level >= self.min_stdout:
-            text = self.console(None, str(event.get("level")), dict(event)) if self.console else line
+            text = (
+                self.console(None, str(event.get("level")), dict(event)) if self.console else line
+            )
             self.stdout.write(str(text) + "\n")
             self.stdout.flush()
 
@@ -58,7 +61,9 @@ class _SinksFactory:
         return self.sinks
 
 
-def _to_sink(_: Any, __: str, event_dict: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _to_sink(
+    _: Any, __: str, event_dict: MutableMapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (event_dict,), {}
 
 

@@ -54,9 +54,7 @@ class Outcome:
     traceback: str | None = None
     checkpoint: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
-    time: str = field(
-        default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    )
+    time: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     schema_version: int = 1
 
     def to_json(self) -> str:

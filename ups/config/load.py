@@ -49,7 +49,7 @@ _Loader.add_implicit_resolver(
 
 
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    return yaml.load(text, Loader=_Loader)
 
 
 def parse_overrides(items: Iterable[str]) -> list[tuple[list[str | int], Any]]:

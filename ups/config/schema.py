@@ -148,13 +148,13 @@ class FaultConfig(_Strict):
 
 
 class Config(_Strict):
-    run: RunConfig = Field(default_factory=RunConfig)
+    run: RunConfig = RunConfig()
     tasks: list[TaskConfig] = Field(min_length=1)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    cache: CacheConfig = Field(default_factory=CacheConfig)
-    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    model: ModelConfig = ModelConfig()
+    training: TrainingConfig = TrainingConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    cache: CacheConfig = CacheConfig()
+    wandb: WandbConfig = WandbConfig()
     faults: list[FaultConfig] = Field(default_factory=list)
     """Fault injection (also ``UPS_FAULTS``); empty in every shipped config."""

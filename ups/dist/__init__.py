@@ -1,0 +1,1 @@
+"""The distributed lifecycle: read the env once, init, agree every step, tear down."""

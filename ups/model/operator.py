@@ -1,0 +1,137 @@
+"""A multi-task latent operator.
+
+Each task has an encoder from its grid to latent tokens (non-overlapping patches, a
+learned position embedding and a task embedding) and a decoder back to the grid. One
+transformer, shared by every task, advances the latent state by one step. Time-dependent
+tasks predict the change of the field (the decoder output is added to the input frame);
+steady tasks (Darcy) predict the solution from the coefficient field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ups.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TaskShape:
+    """What the model needs to know about a task's samples."""
+
+    name: str
+    channels_in: int
+    channels_out: int
+    spatial: tuple[int, ...]
+    steady: bool
+
+
+class PatchEncoder(nn.Module):
+    """Grid (B, C, *spatial) -> tokens (B, N, D)."""
+
+    def __init__(self, shape: TaskShape, patch: int, dim: int) -> None:
+        super().__init__()
+        ndim = len(shape.spatial)
+        conv = nn.Conv1d if ndim == 1 else nn.Conv2d
+        self.proj = conv(shape.channels_in, dim, kernel_size=patch, stride=patch)
+        n_tokens = 1
+        for size in shape.spatial:
+            n_tokens *= size // patch
+        self.pos = nn.Parameter(torch.randn(1, n_tokens, dim) * 0.02)
+        self.task = nn.Parameter(torch.zeros(1, 1, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        tokens: Tensor = self.proj(x).flatten(2).transpose(1, 2)
+        return tokens + self.pos + self.task
+
+
+class PatchDecoder(nn.Module):
+    """Tokens (B, N, D) -> grid (B, C, *spatial)."""
+
+    def __init__(self, shape: TaskShape, patch: int, dim: int) -> None:
+        super().__init__()
+        ndim = len(shape.spatial)
+        deconv = nn.ConvTranspose1d if ndim == 1 else nn.ConvTranspose2d
+        self.norm = nn.LayerNorm(dim)
+        self.proj = deconv(dim, shape.channels_out, kernel_size=patch, stride=patch)
+        self.grid = tuple(size // patch for size in shape.spatial)
+
+    def forward(self, z: Tensor) -> Tensor:
+        z = self.norm(z).transpose(1, 2)
+        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid))
+        return out
+
+
+class LatentOperator(nn.Module):
+    """Encode each task's grid, advance the latent state one step, decode."""
+
+    def __init__(self, shapes: list[TaskShape], cfg: ModelConfig) -> None:
+        super().__init__()
+        self.shapes = {s.name: s for s in shapes}
+        self.encoders = nn.ModuleDict()
+        self.decoders = nn.ModuleDict()
+        for shape in shapes:
+            patch = cfg.patch_1d if len(shape.spatial) == 1 else cfg.patch_2d
+            self.encoders[shape.name] = PatchEncoder(shape, patch, cfg.latent_dim)
+            self.decoders[shape.name] = PatchDecoder(shape, patch, cfg.latent_dim)
+        layer = nn.TransformerEncoderLayer(
+            d_model=cfg.latent_dim,
+            nhead=cfg.heads,
+            dim_feedforward=4 * cfg.latent_dim,
+            dropout=cfg.dropout,
+            batch_first=True,
+            norm_first=True,
+        )
+        self.operator = nn.TransformerEncoder(
+            layer, num_layers=cfg.depth, enable_nested_tensor=False
+        )
+
+    def encode(self, task: str, x: Tensor) -> Tensor:
+        out: Tensor = self.encoders[task](x)
+        return out
+
+    def step(self, z: Tensor) -> Tensor:
+        """Advance latent tokens by one step (residual, so the identity is easy to learn)."""
+        out: Tensor = z + self.operator(z)
+        return out
+
+    def decode(self, task: str, z: Tensor, x: Tensor) -> Tensor:
+        out: Tensor = self.decoders[task](z)
+        return out if self.shapes[task].steady else x + out
+
+    def forward(self, batches: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """Predict the next state for every task's batch: ``{task: x}`` -> ``{task: y_hat}``."""
+        return {
+            task: self.decode(task, self.step(self.encode(task, x)), x)
+            for task, x in batches.items()
+        }
+
+
+def model_problems(shapes: list[TaskShape], cfg: ModelConfig) -> list[str]:
+    """Every way the model config does not fit the tasks' grids (empty when it fits)."""
+    problems = []
+    for shape in shapes:
+        key, patch = ("model.patch_1d", cfg.patch_1d)
+        if len(shape.spatial) == 2:
+            key, patch = ("model.patch_2d", cfg.patch_2d)
+        elif len(shape.spatial) != 1:
+            problems.append(f"task {shape.name!r}: {len(shape.spatial)}-D grids are not supported")
+            continue
+        bad = [size for size in shape.spatial if size % patch]
+        if bad:
+            problems.append(
+                f"{key}={patch} does not divide task {shape.name!r}'s grid {shape.spatial} "
+                "(after reduced_resolution); pick a divisor or change reduced_resolution"
+            )
+    return problems
+
+
+def build_model(shapes: list[TaskShape], cfg: ModelConfig) -> LatentOperator:
+    """Build the model, or raise ValueError naming every grid a patch size does not divide."""
+    problems = model_problems(shapes, cfg)
+    if problems:
+        raise ValueError("model does not fit the data:\n  - " + "\n  - ".join(problems))
+    return LatentOperator(shapes, cfg)

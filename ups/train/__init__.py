@@ -1,0 +1,1 @@
+"""The ups trainer: one torchrun worker (``ups-train CONFIG``)."""

@@ -1,0 +1,5 @@
+import sys
+
+from ups.train.main import main
+
+sys.exit(main())

@@ -1,0 +1,193 @@
+"""The training loop: local work in a ``try``, then one agreement every rank joins."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+import torch
+from torch import Tensor, nn
+
+from ups.config import Config
+from ups.dist.agreement import StepVerdict, agree, average_gradients, heartbeat
+from ups.dist.env import DistEnv
+from ups.dist.lifecycle import set_collective_timeout
+from ups.train.checkpoint import save_checkpoint
+from ups.train.faults import FaultInjector
+from ups.train.metrics import rel_l2
+from ups.train.signals import StopFlag
+from ups.train.tracking import Tracker
+
+log = structlog.get_logger()
+Batch = dict[str, tuple[Tensor, Tensor, Tensor]]
+
+
+class TooManySkips(RuntimeError):
+    """Consecutive steps were skipped for out-of-memory past ``training.max_consecutive_skips``."""
+
+
+@dataclass(kw_only=True)
+class TrainState:
+    step: int = 0
+    """Batches consumed so far (skipped ones included): the position in the data."""
+    updates: int = 0
+    """Optimizer updates applied."""
+    skipped: int = 0
+    consecutive_skips: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Trainer:
+    """Runs steps until done or told to stop; owns nothing but the loop."""
+
+    def __init__(
+        self,
+        *,
+        cfg: Config,
+        env: DistEnv,
+        device: torch.device,
+        model: nn.parallel.DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        loader: Any,
+        injector: FaultInjector,
+        tracker: Tracker,
+        stop: StopFlag,
+        checkpoint_dir: Path,
+        state: TrainState,
+    ) -> None:
+        self.cfg, self.env, self.device = cfg, env, device
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.injector, self.tracker, self.stop = injector, tracker, stop
+        self.checkpoint_dir = checkpoint_dir
+        self.state = state
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
+        self.total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_state": self.state.as_dict(),
+            "rng_cpu": torch.get_rng_state(),
+        }
+
+    def save(self) -> Path | None:
+        """Rank 0 writes a checkpoint of the current state; other ranks return None."""
+        if not self.env.is_rank0:
+            return None
+        path = save_checkpoint(
+            self.checkpoint_dir,
+            self.state.step,
+            self.checkpoint_state(),
+            self.cfg.checkpoint.keep_last,
+        )
+        log.info("checkpoint_saved", path=str(path), step=self.state.step)
+        return path
+
+    def run(self) -> Literal["finished", "preempted"]:
+        spe = self.loader.steps_per_epoch
+        while self.state.step < self.total_steps:
+            epoch, offset = divmod(self.state.step, spe)
+            self.loader.set_epoch(epoch, start_step=offset)
+            for batch in self.loader:
+                verdict = self.train_step(batch, epoch)
+                if verdict.stop:
+                    log.warning("preempt_stop", step=self.state.step, signal=self.stop.signal_name)
+                    return "preempted"
+                if self.state.step >= self.total_steps:
+                    break
+                if self.state.step % self.cfg.checkpoint.every_steps == 0:
+                    self.save()
+        return "finished"
+
+    def train_step(self, batch: Batch, epoch: int) -> StepVerdict:
+        step, started = self.state.step, time.perf_counter()
+        structlog.contextvars.bind_contextvars(step=step)
+        oom_reason = None
+        losses: Tensor | None = None
+        try:
+            self.injector.fire(step)
+            losses = self._forward_backward(batch)
+        except torch.OutOfMemoryError as exc:
+            # Local clean-up only: the other ranks learn about it at the agreement below.
+            oom_reason = str(exc).splitlines()[0]
+            losses = None
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        heartbeat(self.env.rank, step)
+        verdict = agree(
+            oom=oom_reason is not None,
+            stop=self.stop.is_set(),
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            device=self.device,
+        )
+        if verdict.skip:
+            self._skip(verdict, oom_reason)
+        else:
+            assert losses is not None  # nobody ran out of memory, so every rank has losses
+            mean_losses = average_gradients(self.params, losses.detach(), self.env.world_size)
+            if self.cfg.training.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.updates += 1
+            self.state.consecutive_skips = 0
+            self._log_progress(batch, mean_losses, epoch, time.perf_counter() - started)
+        if step == 0:
+            set_collective_timeout(self.cfg.distributed.collective_timeout_s)
+        self.state.step += 1
+        return verdict
+
+    def _forward_backward(self, batch: Batch) -> Tensor:
+        inputs = {task: x.to(self.device) for task, (x, _, _) in batch.items()}
+        # no_sync: gradients stay local until every rank has agreed the step is good.
+        with self.model.no_sync():
+            preds = self.model(inputs)
+            losses = torch.stack(
+                [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
+            )
+            loss = (self.weights * losses).sum() / self.weights.sum()
+            loss.backward()  # type: ignore[no-untyped-call]
+        return losses
+
+    def _skip(self, verdict: StepVerdict, reason: str | None) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.skipped += 1
+        self.state.consecutive_skips += 1
+        log.warning(
+            "step_skipped",
+            oom_ranks=list(verdict.oom_ranks),
+            reason=reason or f"out of memory on rank(s) {list(verdict.oom_ranks)}",
+            consecutive=self.state.consecutive_skips,
+        )
+        if self.state.consecutive_skips >= self.cfg.training.max_consecutive_skips:
+            raise TooManySkips(
+                f"{self.state.consecutive_skips} consecutive steps skipped for out-of-memory on "
+                f"rank(s) {list(verdict.oom_ranks)} (limit training.max_consecutive_skips="
+                f"{self.cfg.training.max_consecutive_skips}); lower training.batch_size or the "
+                "model size"
+            )
+
+    def _log_progress(self, batch: Batch, losses: Tensor, epoch: int, seconds: float) -> None:
+        step = self.state.step
+        if step % self.cfg.training.log_every and step != self.total_steps - 1:
+            return
+        per_task = dict(zip(batch, losses.tolist(), strict=True))
+        samples = sum(len(x) for x, _, _ in batch.values()) * self.env.world_size
+        metrics = {
+            "train/loss": float((self.weights * losses).sum() / self.weights.sum()),
+            **{f"train/{task}/rel_l2": value for task, value in per_task.items()},
+            "train/samples_per_s": samples / seconds,
+            "train/epoch": float(epoch),
+        }
+        if self.env.is_rank0:
+            log.info("train_step", epoch=epoch, updates=self.state.updates, **metrics)
+        self.tracker.log(metrics, step=step)

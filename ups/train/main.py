@@ -1,0 +1,67 @@
+"""``ups-train CONFIG``: one training worker, under torchrun or as a plain process.
+
+Order matters (REFERENCE §1): W&B is decided from RANK before anything imports it; the
+config and data are checked before any process group exists; the process group comes
+before the data loaders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from ups.config import ConfigError, load_config
+from ups.data.pdebench import DataError, inspect_task
+from ups.dist.env import read_dist_env
+from ups.log import get_logger, setup_logging
+from ups.model import model_problems
+from ups.outcome import EXIT_CONFIG
+from ups.train.faults import ENV_VAR, parse_faults
+from ups.train.run import task_shapes, train
+from ups.train.signals import StopFlag
+from ups.train.tracking import decide_wandb_for_rank
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ups-train", description=__doc__)
+    parser.add_argument("config", help="run config (YAML), e.g. configs/demo.yaml")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set training.lr=1e-4 (repeatable)",
+    )
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    decide_wandb_for_rank()
+    stop = StopFlag().install()
+    args = _parse(argv)
+    setup_logging(
+        rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1"))
+    )
+    log = get_logger()
+    try:
+        cfg = load_config(args.config, args.set)
+        faults = parse_faults(os.environ.get(ENV_VAR, ""))
+        if faults:
+            cfg = cfg.model_copy(update={"faults": [*cfg.faults, *faults]})
+        env = read_dist_env()
+        infos = {task.name: inspect_task(task) for task in cfg.tasks}
+        problems = model_problems(task_shapes(infos), cfg.model)
+        if problems:
+            raise ConfigError(args.config, problems)
+    except (ConfigError, DataError, ValueError) as exc:
+        log.error("config_invalid", error=str(exc))
+        return EXIT_CONFIG
+    return train(cfg, env, infos, stop=stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

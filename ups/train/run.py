@@ -1,0 +1,221 @@
+"""One training run from process group to outcome: the only place that decides how it ended."""
+
+from __future__ import annotations
+
+import faulthandler
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+import torch
+import torch.distributed as dist
+import yaml
+from torch.nn.parallel import DistributedDataParallel
+
+from ups.config import Config
+from ups.data.loader import build_loader
+from ups.data.pdebench import TaskInfo
+from ups.dist.agreement import stuck_ranks
+from ups.dist.env import DistEnv
+from ups.dist.lifecycle import init_distributed, shutdown_distributed
+from ups.log import setup_logging
+from ups.model import TaskShape, build_model
+from ups.outcome import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    Outcome,
+    atomic_write_text,
+    write_outcome,
+)
+from ups.rundir import mark_latest, resolve_run_id
+from ups.train.checkpoint import latest_good_checkpoint
+from ups.train.evaluate import evaluate
+from ups.train.faults import FaultInjector
+from ups.train.loop import TooManySkips, Trainer, TrainState
+from ups.train.signals import StopFlag
+from ups.train.tracking import Tracker
+
+log = structlog.get_logger()
+_fault_log: IO[str] | None = None  # kept open for faulthandler for the life of the process
+
+
+def task_shapes(infos: dict[str, TaskInfo]) -> list[TaskShape]:
+    return [
+        TaskShape(i.name, i.channels, i.channels, tuple(i.spatial), i.steady)
+        for i in infos.values()
+    ]
+
+
+def _agree_run_id(cfg: Config, env: DistEnv) -> str:
+    chosen = [
+        resolve_run_id(cfg.run.output_dir, cfg.run.name, cfg.run.run_id) if env.is_rank0 else None
+    ]
+    dist.broadcast_object_list(chosen, src=0)
+    return str(chosen[0])
+
+
+def _open_run_dir(cfg: Config, env: DistEnv, run_id: str) -> Path:
+    global _fault_log
+    run_dir = cfg.run.output_dir / run_id
+    log_path = setup_logging(
+        rank=env.rank, world_size=env.world_size, run_id=run_id, log_dir=run_dir / "logs"
+    )
+    assert log_path is not None
+    _fault_log = log_path.open("a")
+    faulthandler.enable(file=_fault_log, all_threads=True)
+    if env.is_rank0:
+        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json")))
+        mark_latest(cfg.run.output_dir, run_dir)
+    return run_dir
+
+
+def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> None:
+    """Rank 0 finds the newest good checkpoint and sends it to every rank."""
+    found: list[Any] = [None]
+    if env.is_rank0 and cfg.checkpoint.resume:
+        hit = latest_good_checkpoint(ckpt_dir)
+        found = [None if hit is None else (str(hit[0]), hit[1])]
+    dist.broadcast_object_list(found, src=0)
+    if found[0] is None:
+        return
+    path, state = found[0]
+    trainer.model.module.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.state = TrainState(**state["train_state"])
+    torch.set_rng_state(state["rng_cpu"])
+    log.info("resumed", path=path, step=trainer.state.step, updates=trainer.state.updates)
+
+
+def _failure(
+    exc: BaseException, cfg: Config, env: DistEnv, step: int | None, run_id: str
+) -> Outcome:
+    failed_rank: int | None = env.rank
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+    reason = f"rank {env.rank} failed at step {step}: {text}"
+    if isinstance(exc, TooManySkips):
+        reason = str(exc)
+    elif isinstance(exc, dist.DistError) or "gloo" in text.lower() or "nccl" in text.lower():
+        stuck = stuck_ranks(env.world_size, step or 0)
+        failed_rank = stuck[0] if stuck else None
+        if "timed out" in text.lower() or "timeout" in text.lower():
+            who = f"rank(s) {stuck} never reached step {step}" if stuck else "a peer did not arrive"
+            reason = (
+                f"collective timed out after distributed.collective_timeout_s="
+                f"{cfg.distributed.collective_timeout_s:g}s at step {step}: {who} (hung); "
+                f"see that rank's log"
+            )
+        else:
+            reason = f"a peer rank died at step {step} (rank {env.rank} saw: {text})"
+    return Outcome(
+        run_id=run_id,
+        outcome="failed",
+        exit_code=EXIT_FAILED,
+        reason=reason,
+        step=step,
+        world_size=env.world_size,
+        failed_rank=failed_rank,
+        traceback=str(cfg.run.output_dir / run_id / "logs" / f"rank{failed_rank}.jsonl")
+        if failed_rank is not None
+        else None,
+    )
+
+
+def _finish(outcome: Outcome, env: DistEnv, run_dir: Path | None, tracker: Tracker) -> None:
+    if env.is_rank0 and run_dir is not None:
+        write_outcome(run_dir, outcome)
+    tracker.finish(outcome.exit_code)
+    level = {"finished": "info", "preempted": "warning", "failed": "error"}[outcome.outcome]
+    getattr(log, level)(
+        "outcome", outcome=outcome.outcome, reason=outcome.reason, exit_code=outcome.exit_code
+    )
+
+
+def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFlag) -> int:
+    """Init, build in DDP order, train, evaluate; write the outcome on every way out."""
+    tracker = Tracker()
+    device = init_distributed(env, cfg.distributed)
+    run_id, run_dir, trainer = "unknown", None, None
+    try:
+        run_id = _agree_run_id(cfg, env)
+        run_dir = _open_run_dir(cfg, env, run_id)
+        tracker.start(cfg, run_id=run_id, run_dir=run_dir, rank=env.rank)
+        torch.manual_seed(cfg.run.seed)
+        # The process group exists, so the loader shards by rank (REFERENCE §1).
+        loader = build_loader(
+            list(cfg.tasks),
+            infos,
+            batch_size=cfg.training.batch_size,
+            num_workers=cfg.training.num_workers,
+            rank=env.rank,
+            world_size=env.world_size,
+            seed=cfg.run.seed,
+        )
+        model = build_model(task_shapes(infos), cfg.model).to(device)
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False,  # no collective inside forward: see ups.dist.agreement
+        )
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=cfg.training.lr, weight_decay=cfg.training.weight_decay
+        )
+        trainer = Trainer(
+            cfg=cfg,
+            env=env,
+            device=device,
+            model=ddp,
+            optimizer=optimizer,
+            loader=loader,
+            injector=FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
+            tracker=tracker,
+            stop=stop,
+            checkpoint_dir=run_dir / "checkpoints",
+            state=TrainState(),
+        )
+        _resume(trainer, cfg, env, run_dir / "checkpoints")
+        log.info(
+            "train_start",
+            steps=trainer.total_steps,
+            from_step=trainer.state.step,
+            steps_per_epoch=loader.steps_per_epoch,
+            device=str(device),
+        )
+        result = trainer.run()
+        checkpoint = trainer.save()
+        dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
+        if result == "preempted":
+            outcome = Outcome(
+                run_id=run_id,
+                outcome="preempted",
+                exit_code=EXIT_PREEMPTED,
+                reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
+                f"{trainer.state.step - 1}; run the same command again to resume",
+                step=trainer.state.step,
+                world_size=env.world_size,
+                checkpoint=str(checkpoint) if checkpoint else None,
+            )
+            _finish(outcome, env, run_dir, tracker)
+            return EXIT_PREEMPTED
+        metrics = evaluate(model, cfg, infos, env, device)
+        tracker.summary(metrics)
+        dist.barrier()
+        outcome = Outcome(
+            run_id=run_id,
+            outcome="finished",
+            exit_code=EXIT_OK,
+            reason=f"all {env.world_size} rank(s) finished {trainer.state.step} steps "
+            f"({trainer.state.skipped} skipped)",
+            step=trainer.state.step,
+            world_size=env.world_size,
+            metrics=metrics,
+            checkpoint=str(checkpoint) if checkpoint else None,
+        )
+        _finish(outcome, env, run_dir, tracker)
+        shutdown_distributed()
+        return EXIT_OK
+    except BaseException as exc:
+        step = trainer.state.step if trainer is not None else None
+        log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")
+        _finish(_failure(exc, cfg, env, step, run_id), env, run_dir, tracker)
+        raise
