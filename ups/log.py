@@ -127,5 +127,5 @@ def setup_logging(
 
 def get_logger(name: str | None = None) -> Any:
     """Return a structlog logger (bound to ``logger=name`` when given)."""
-    log = structlog.get_logger()
-    return log.bind(logger=name) if name else log
+    # Initial values keep the proxy lazy, so a module-level logger follows later configuration.
+    return structlog.get_logger(logger=name) if name else structlog.get_logger()

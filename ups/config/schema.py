@@ -98,6 +98,8 @@ class TrainingConfig(_Strict):
     max_consecutive_skips: int = Field(3, ge=1)
     """Fail the run after this many consecutive steps skipped for out-of-memory."""
     eval_batch_size: int = Field(64, ge=1)
+    record_sample_ids: bool = False
+    """Log every step's sample indices to the rank's log file (to audit sharding)."""
 
 
 class DistributedConfig(_Strict):

@@ -111,6 +111,8 @@ class Trainer:
         structlog.contextvars.bind_contextvars(step=step)
         oom_reason = None
         losses: Tensor | None = None
+        if self.cfg.training.record_sample_ids:
+            log.debug("batch_ids", ids={t: idx.tolist() for t, (_, _, idx) in batch.items()})
         try:
             self.injector.fire(step)
             losses = self._forward_backward(batch)

@@ -155,7 +155,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False,  # no collective inside forward: see ups.dist.agreement
+            forward_sync_buffers=False,  # no collective inside forward: see ups.dist.agreement
         )
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.training.lr, weight_decay=cfg.training.weight_decay
@@ -199,6 +199,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             return EXIT_PREEMPTED
         metrics = evaluate(model, cfg, infos, env, device)
         tracker.summary(metrics)
+        log.info("eval", **metrics)
         dist.barrier()
         outcome = Outcome(
             run_id=run_id,

@@ -1,0 +1,150 @@
+"""Shared fixtures: small PDEBench-layout files written with plain h5py, configs, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def write_advection(path: Path, n: int = 24, t: int = 11, x: int = 64, seed: int = 0) -> Path:
+    """A 1D advection file in PDEBench layout: exact transport of a two-mode sine."""
+    rng = np.random.default_rng(seed)
+    grid = (np.arange(x) + 0.5) / x
+    u = np.zeros((n, t, x), np.float32)
+    for i in range(n):
+        amp, phase = rng.uniform(0.2, 1, 2), rng.uniform(0, 2 * np.pi, 2)
+        for k in range(t):
+            shifted = (grid - 0.4 * 0.05 * k) % 1
+            u[i, k] = amp[0] * np.sin(2 * np.pi * shifted + phase[0]) + amp[1] * np.sin(
+                4 * np.pi * shifted + phase[1]
+            )
+    with h5py.File(path, "w") as f:
+        f["tensor"] = u
+        f["x-coordinate"] = grid.astype(np.float32)
+        f["t-coordinate"] = np.linspace(0, 0.05 * t, t + 1, dtype=np.float32)
+        f.attrs["beta"] = 0.4
+    return path
+
+
+def write_darcy(path: Path, n: int = 24, h: int = 16, seed: int = 1) -> Path:
+    """A 2D Darcy file in PDEBench layout (values random: the layout is what matters here)."""
+    rng = np.random.default_rng(seed)
+    nu = np.where(rng.uniform(size=(n, h, h)) > 0.5, 1.0, 0.1).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f["nu"] = nu
+        f["tensor"] = (1.0 / (1.0 + nu))[:, None].astype(np.float32)
+        f["x-coordinate"] = np.linspace(0, 1, h, dtype=np.float32)
+        f["y-coordinate"] = np.linspace(0, 1, h, dtype=np.float32)
+        f["t-coordinate"] = np.linspace(0, 1, 10, dtype=np.float32)
+        f.attrs["beta"] = 1.0
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("data")
+    return {
+        "advection": write_advection(root / "1D_Advection_Sols_beta0.4.hdf5"),
+        "darcy": write_darcy(root / "2D_DarcyFlow_beta1.0_Train.hdf5"),
+    }
+
+
+@pytest.fixture
+def make_config(tmp_path: Path, tiny_data: dict[str, Path]) -> Callable[..., Path]:
+    """Write a tiny two-task run config into tmp_path; keyword sections override defaults."""
+
+    def make(**sections: Any) -> Path:
+        cfg: dict[str, Any] = {
+            "run": {"name": "t", "output_dir": str(tmp_path / "runs"), "seed": 0},
+            "tasks": [
+                {"name": "advection", "layout": "single_1d", "path": str(tiny_data["advection"])},
+                {"name": "darcy", "layout": "darcy_2d", "path": str(tiny_data["darcy"])},
+            ],
+            "model": {"latent_dim": 16, "depth": 1, "heads": 2, "patch_1d": 8, "patch_2d": 4},
+            "training": {"epochs": 1, "batch_size": 8, "log_every": 1, "lr": 3e-3},
+            "checkpoint": {"every_steps": 4, "keep_last": 3},
+            "distributed": {"init_timeout_s": 60, "collective_timeout_s": 30},
+            "wandb": {"mode": "offline"},
+        }
+        for key, value in sections.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    return make
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def events(self) -> list[dict[str, Any]]:
+        return parse_events(self.stdout)
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """JSON events in a stream; raw lines (torchrun, faulthandler) are skipped."""
+    events = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+    return events
+
+
+def rank_events(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    return parse_events((run_dir / "logs" / f"rank{rank}.jsonl").read_text())
+
+
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "UPS_"))}
+    env.update({"OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+def torchrun(
+    config: Path,
+    *args: str,
+    nproc: int = 2,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 240,
+) -> Finished:
+    """Run the trainer under real torchrun (gloo, CPU) and wait for it."""
+    cmd = [
+        PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2", "-m", "ups.train.main", str(config), *args,
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=worker_env(env), cwd=REPO
+    )
+    return Finished(proc.returncode, proc.stdout, proc.stderr)
+
+
+def only_run_dir(output_dir: Path) -> Path:
+    runs = [p for p in output_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(runs) == 1, runs
+    return runs[0]
