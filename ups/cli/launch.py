@@ -1,0 +1,86 @@
+"""``ups launch``: preflight, then torchrun; the one way to start training anywhere.
+
+    ups launch CONFIG [--set k=v ...] [--nproc-per-node N] [--nnodes N --node-rank R
+               --rdzv-endpoint HOST:PORT] [--run-id ID] [--skip-preflight] [--dry-run]
+    ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
+
+Exit code: the run's (0 finished, 75 preempted, torchrun's code on failure); 2 for a
+bad config or bad flags, reported before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ups.config import Config, ConfigError, load_config
+from ups.launch.plan import LaunchRequest, build_plan
+from ups.outcome import EXIT_CONFIG
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ups launch",
+        description="Run preflight, then torchrun the trainer (or --script) on this node.",
+        epilog="Arguments after `--` go to --script.",
+    )
+    p.add_argument("config", nargs="?", help="run config YAML (not needed with --script)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--nproc-per-node", type=int, help="default: config, else GPUs, else 2")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address (multi-node)")
+    p.add_argument("--run-id", help="default: run.run_id, $UPS_RUN_ID, else <name>-<time>")
+    p.add_argument("--output-dir", help="default: run.output_dir from the config, else runs")
+    p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
+    p.add_argument("--skip-preflight", action="store_true")
+    p.add_argument("--preflight-strict", action="store_true", help="preflight warnings stop it")
+    p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
+    p.add_argument("--script", help="a torchrun-compatible script to run instead of the trainer")
+    return p
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def main(argv: list[str]) -> int:
+    own, script_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
+    )
+    args = _parser().parse_args(own)
+    try:
+        req = LaunchRequest(
+            config_path=args.config,
+            overrides=args.overrides,
+            script=args.script,
+            script_args=script_args,
+            nproc_per_node=args.nproc_per_node,
+            nnodes=args.nnodes,
+            node_rank=args.node_rank,
+            rdzv_endpoint=args.rdzv_endpoint,
+            run_id=args.run_id,
+            output_dir=args.output_dir,
+            master_port=args.master_port,
+            skip_preflight=args.skip_preflight,
+            preflight_strict=args.preflight_strict,
+        )
+        # Missing data files are preflight's to report in detail; without it, fail here.
+        cfg: Config | None = None
+        if req.config_path is not None:
+            cfg = load_config(req.config_path, req.overrides, check_files=req.skip_preflight)
+        from preflight.checks.ports import pick_free_port
+
+        gpus = _gpu_count()
+        plan = build_plan(req, cfg, gpu_count=gpus, pick_port=pick_free_port)
+    except (ConfigError, ValueError) as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    if args.dry_run:
+        print(plan.to_json())
+        return 0
+    from ups.launch.execute import execute
+
+    return execute(plan, cfg, gpu_count=gpus)

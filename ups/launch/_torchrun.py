@@ -1,0 +1,83 @@
+"""Child process of ``ups launch``: torchrun in-process, its result written as JSON.
+
+``python -m ups.launch._torchrun RESULT_JSON TORCHRUN_ARGS...`` parses the arguments
+with torch's own parser, runs ``torch.distributed.run.run`` and writes what happened to
+``RESULT_JSON``: ``{"status": "ok"|"failed"|"signal"|"error", "failures": {rank: ...},
+"signal": name, "error": text}``. The parent reads that file rather than scraping
+torchrun's log lines, so a failed rank's exit code and signal arrive exactly.
+
+Exit code: 0 when every worker exited 0; 1 when a worker failed or torchrun itself
+failed (what torchrun exits with); 128 + signum when this agent was stopped by a signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import get_args_parser, run
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Get SIGTERM if ``ups launch`` dies without forwarding one (e.g. SIGKILL), on Linux."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the parent's forwarding still works
+        pass
+
+
+def _failures(err: ChildFailedError) -> dict[str, dict[str, Any]]:
+    out = {}
+    for rank, f in err.failures.items():
+        out[str(rank)] = {
+            "local_rank": f.local_rank,
+            "exitcode": f.exitcode,
+            "signal": f.signal_name() if f.exitcode < 0 else None,
+            "error_file": f.error_file if Path(f.error_file).is_file() else None,
+            "message": f.message if isinstance(f.message, str) else json.dumps(f.message),
+            "timestamp": f.timestamp,
+            "pid": f.pid,
+        }
+    return out
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    result_path = Path(argv[0])
+    args = get_args_parser().parse_args(argv[1:])
+    result: dict[str, Any] = {"status": "ok", "failures": {}, "signal": None, "error": None}
+    rc = 0
+    try:
+        run(args)  # type: ignore[no-untyped-call]
+    except ChildFailedError as err:
+        result.update(status="failed", failures=_failures(err))
+        rc = 1
+    except SignalException as err:
+        result.update(status="signal", signal=signal.Signals(err.sigval).name)
+        rc = 128 + int(err.sigval)
+    except Exception as err:
+        result.update(status="error", error=f"{type(err).__name__}: {err}")
+        _write(result_path, result)
+        raise
+    _write(result_path, result)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,97 @@
+"""Carry out a :class:`LaunchPlan`: run dir, preflight gate, torchrun, outcome, exit code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TextIO, cast
+
+import structlog
+
+from ups.config import Config
+from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
+from ups.launch.plan import LaunchPlan
+from ups.launch.rundir import point_latest, prepare_run_dir
+from ups.launch.runner import run_torchrun
+from ups.launch.tee import LineTee
+from ups.log import setup_logging
+from ups.outcome import EXIT_FAILED, Outcome, write_outcome
+
+# A bare lazy proxy: it resolves the configuration at each call, so it writes to the tee
+# that execute() sets up later. ``logger="ups.launch"`` is bound as a context variable there.
+log = structlog.get_logger()
+
+
+def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
+    setup_logging(run_id=plan.run_id, console=False, stdout=cast(TextIO, tee))
+    # Launch is no rank: say which node agent wrote the line instead.
+    structlog.contextvars.unbind_contextvars("rank", "world_size")
+    structlog.contextvars.bind_contextvars(logger="ups.launch", node_rank=plan.node_rank)
+
+
+def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
+    level = log.info if outcome.outcome == "finished" and code == 0 else log.error
+    level(
+        f"run {outcome.outcome}",
+        outcome=outcome.outcome,
+        reason=outcome.reason,
+        run_dir=plan.run_dir,
+        exit_code=code,
+    )
+
+
+def execute(
+    plan: LaunchPlan, cfg: Config | None, *, gpu_count: int, console: TextIO | None = None
+) -> int:
+    """Run the plan and return the process exit code (see ``finalize.exit_code``)."""
+    run_dir = Path(plan.run_dir)
+    prepare_run_dir(run_dir)
+    set_aside_previous_outcome(run_dir)
+    if plan.node_rank == 0:
+        point_latest(run_dir)
+    with LineTee(Path(plan.log_path), console or sys.stdout) as tee:
+        _setup_logging(plan, tee)
+        try:
+            return _gate_and_run(plan, cfg, gpu_count, tee)
+        finally:
+            structlog.reset_defaults()  # the tee closes with this block
+
+
+def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
+    run_dir = Path(plan.run_dir)
+    log.info(
+        "launch plan",
+        run_id=plan.run_id,
+        run_dir=plan.run_dir,
+        world_size=plan.world_size,
+        nproc_per_node=plan.nproc_per_node,
+        nnodes=plan.nnodes,
+        rdzv_endpoint=plan.rdzv_endpoint,
+    )
+    if plan.port_note:
+        log.warning("master port switched", note=plan.port_note, port=plan.master_port)
+    if plan.preflight:
+        from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
+
+        verdict = run_gate(plan, cfg, gpu_count)
+        for line in verdict.report.render_table(plan.preflight_strict).splitlines():
+            tee.write_line(line)
+        if not verdict.ok:
+            reason = "preflight failed: " + ", ".join(verdict.failed)
+            outcome = Outcome(
+                run_id=plan.run_id,
+                outcome="failed",
+                exit_code=EXIT_FAILED,
+                reason=reason,
+                world_size=plan.world_size,
+            )
+            write_outcome(run_dir, outcome)
+            _report_end(outcome, plan, EXIT_FAILED)
+            return EXIT_FAILED
+    else:
+        log.warning("preflight skipped (--skip-preflight)")
+    result = run_torchrun(plan, tee)
+    outcome = finalize_outcome(plan, result)
+    code = exit_code(outcome, result.rc)
+    _report_end(outcome, plan, code)
+    return code

@@ -1,0 +1,122 @@
+"""Decide the run's final ``outcome.json`` and ``ups launch``'s exit code after torchrun ends.
+
+The trainer's rank 0 writes the outcome on finished, preempted and most failures. A
+worker that died without writing one (segfault, SIGKILL, a bare ``--script``) leaves
+only torchrun's view, so launch writes or amends the outcome from that: the failed
+rank, its signal and exit code, and where its traceback is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ups.launch.plan import LaunchPlan
+from ups.launch.runner import TorchrunResult, WorkerFailure
+from ups.outcome import OUTCOME_FILE, Outcome, read_outcome, write_outcome
+
+PREVIOUS_OUTCOME = "outcome.previous.json"
+
+
+def set_aside_previous_outcome(run_dir: Path) -> Path | None:
+    """Move an outcome left by an earlier attempt (a resumed run id) out of the way.
+
+    Without this, a resumed run that segfaults would be reported with the old run's
+    "preempted" or "finished".
+    """
+    path = run_dir / OUTCOME_FILE
+    if not path.exists():
+        return None
+    target = run_dir / PREVIOUS_OUTCOME
+    path.replace(target)
+    return target
+
+
+def _traceback_location(plan: LaunchPlan, failure: WorkerFailure) -> str:
+    if failure.error_file:
+        return failure.error_file
+    rank_log = Path(plan.run_dir) / "logs" / f"rank{failure.rank}.jsonl"
+    return str(rank_log) if rank_log.exists() else plan.log_path
+
+
+def _describe(failure: WorkerFailure) -> str:
+    if failure.signal:
+        return f"rank {failure.rank} died with {failure.signal} (exit code {failure.exitcode})"
+    first = failure.message.strip().splitlines()[0] if failure.message.strip() else ""
+    detail = f": {first[:200]}" if first and not first.startswith("To enable traceback") else ""
+    return f"rank {failure.rank} exited with code {failure.exitcode}{detail}"
+
+
+def _outcome(plan: LaunchPlan, **fields: Any) -> Outcome:
+    return Outcome(run_id=plan.run_id, world_size=plan.world_size, **fields)
+
+
+def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
+    """The outcome as torchrun saw the run, for when the trainer left none."""
+    if result.rc == 0:
+        reason = f"all {plan.nproc_per_node} worker(s) on node {plan.node_rank} exited 0"
+        return _outcome(plan, outcome="finished", exit_code=0, reason=reason)
+    cause = result.root_cause()
+    if cause is not None:
+        return _outcome(
+            plan,
+            outcome="failed",
+            exit_code=result.rc,
+            reason=_describe(cause),
+            failed_rank=cause.rank,
+            signal=cause.signal,
+            traceback=_traceback_location(plan, cause),
+        )
+    if result.status == "signal" or result.received_signal:
+        sig = result.signal or result.received_signal
+        reason = f"ups launch was stopped by {sig} before the workers finished"
+        return _outcome(plan, outcome="failed", exit_code=result.rc, reason=reason, signal=sig)
+    reason = f"torchrun failed: {result.error or f'exit code {result.rc}'}"
+    return _outcome(
+        plan, outcome="failed", exit_code=result.rc, reason=reason, traceback=plan.log_path
+    )
+
+
+def finalize_outcome(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
+    """Read the trainer's outcome, write or amend it from torchrun's result, return it."""
+    run_dir = Path(plan.run_dir)
+    written = read_outcome(run_dir)
+    seen = _from_torchrun(plan, result)
+    if written is None:
+        write_outcome(run_dir, seen)
+        return seen
+    final = written
+    cause = result.root_cause()
+    if written.outcome == "finished" and result.rc != 0:
+        # A rank crashed after rank 0 reported success (e.g. in teardown): never report
+        # "finished" for a run whose exit code says otherwise.
+        final = dataclasses.replace(
+            seen,
+            reason=f"trainer reported finished, but {seen.reason}",
+            step=written.step,
+            checkpoint=written.checkpoint,
+            metrics=written.metrics,
+        )
+    elif written.outcome == "failed" and written.failed_rank is None and cause is not None:
+        final = dataclasses.replace(
+            written,
+            failed_rank=cause.rank,
+            signal=written.signal or cause.signal,
+            traceback=written.traceback or _traceback_location(plan, cause),
+        )
+    if final is not written:
+        write_outcome(run_dir, final)
+    return final
+
+
+def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
+    """torchrun's exit code unchanged, except: preempted -> its code (75), and a run whose
+    outcome is not "finished" never exits 0."""
+    if outcome.outcome == "preempted":
+        return outcome.exit_code
+    if torchrun_rc != 0:
+        return torchrun_rc
+    if outcome.outcome != "finished":
+        return outcome.exit_code or 1
+    return 0

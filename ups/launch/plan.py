@@ -1,0 +1,258 @@
+"""Build the printable :class:`LaunchPlan`: everything ``ups launch`` will do, decided up front.
+
+Building a plan starts nothing. The only thing it touches is the network stack, to see
+whether the configured master port can be bound (and to pick a free one when not), so
+the plan shows the port the run will really use. ``--dry-run`` prints the plan.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ups.config import Config
+
+TRAINER_MODULE = "ups.train.main"
+"""The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
+DEFAULT_MASTER_PORT = 29500
+CPU_NPROC = 2
+"""Workers per node on a host without GPUs."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchRequest:
+    """What the user asked for on the command line, before any defaults are resolved."""
+
+    config_path: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    script: str | None = None
+    """A torchrun-compatible script to run instead of the bundled trainer."""
+    script_args: list[str] = field(default_factory=list)
+    nproc_per_node: int | None = None
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    """``HOST:PORT`` of the rendezvous store; required when ``nnodes > 1``."""
+    run_id: str | None = None
+    output_dir: str | None = None
+    master_port: int | None = None
+    skip_preflight: bool = False
+    preflight_strict: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.config_path is None and self.script is None:
+            problems.append("give a CONFIG file, or --script SCRIPT to run your own script")
+        if self.nnodes < 1:
+            problems.append(f"--nnodes must be at least 1 (got {self.nnodes})")
+        if not 0 <= self.node_rank < max(self.nnodes, 1):
+            problems.append(f"--node-rank {self.node_rank} is outside 0..{self.nnodes - 1}")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            problems.append(f"--nproc-per-node must be at least 1 (got {self.nproc_per_node})")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            problems.append(
+                "--rdzv-endpoint HOST:PORT is required with --nnodes > 1 "
+                "(the address of node 0, where the rendezvous store runs)"
+            )
+        if self.rdzv_endpoint is not None:
+            try:
+                split_endpoint(self.rdzv_endpoint)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if self.script_args and self.script is None:
+            problems.append("arguments after `--` are passed to --script; no --script was given")
+        if problems:
+            raise ValueError("ups launch: " + "; ".join(problems))
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchPlan:
+    """Everything one ``ups launch`` node agent will do. Plain data: print it, test it."""
+
+    run_id: str
+    run_dir: str
+    output_dir: str
+    config_path: str | None
+    overrides: list[str]
+    script: str | None
+    """None: the bundled trainer (``python -m ups.train.main``)."""
+    worker_argv: list[str]
+    """What torchrun runs in each worker, after ``python``."""
+    nproc_per_node: int
+    nproc_source: str
+    """Where ``nproc_per_node`` came from: flag, config, gpus or cpu-default."""
+    nnodes: int
+    node_rank: int
+    world_size: int
+    rdzv_endpoint: str
+    rdzv_host: bool
+    """True when this node hosts the rendezvous store (node rank 0)."""
+    master_port_preferred: int
+    master_port: int
+    """The rendezvous store's port on node 0; workers get it as ``MASTER_PORT``."""
+    port_note: str | None
+    """Why ``master_port`` differs from the preferred one, when it does."""
+    torchrun_argv: list[str]
+    env: dict[str, str]
+    """Variables launch adds to (or defaults in) the workers' environment."""
+    preflight: bool
+    preflight_strict: bool
+    log_path: str
+    result_path: str
+    """Where the torchrun child writes its small JSON result (failures by rank)."""
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``). Raises ValueError with the fix."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT, e.g. 10.0.0.1:29500")
+    return host, int(port)
+
+
+def make_run_id(name: str, output_dir: Path, now: dt.datetime | None = None) -> str:
+    """``<name>-<YYYYmmdd-HHMMSS>`` (UTC), with a short suffix if that directory exists."""
+    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%d-%H%M%S")
+    run_id = f"{name}-{stamp}"
+    if (output_dir / run_id).exists():
+        run_id = f"{run_id}-{secrets.token_hex(2)}"
+    return run_id
+
+
+def _resolve_run_id(
+    req: LaunchRequest, cfg: Config | None, output_dir: Path, environ: Mapping[str, str]
+) -> str:
+    fixed = req.run_id or (cfg.run.run_id if cfg else None) or environ.get("UPS_RUN_ID")
+    if fixed:
+        return fixed
+    if req.nnodes > 1:
+        raise ValueError(
+            "ups launch: a multi-node run needs the same run id on every node; "
+            "pass --run-id ID (or set run.run_id / UPS_RUN_ID) on each node"
+        )
+    name = cfg.run.name if cfg else Path(req.script or "run").stem
+    return make_run_id(name, output_dir)
+
+
+def _resolve_nproc(req: LaunchRequest, cfg: Config | None, gpu_count: int) -> tuple[int, str]:
+    if req.nproc_per_node is not None:
+        return req.nproc_per_node, "flag"
+    if cfg is not None and cfg.distributed.nproc_per_node is not None:
+        return cfg.distributed.nproc_per_node, "config"
+    if gpu_count > 0:
+        return gpu_count, "gpus"
+    return CPU_NPROC, "cpu-default"
+
+
+def _worker_env(
+    run_id: str, run_dir: str, gpu_count: int, environ: Mapping[str, str]
+) -> dict[str, str]:
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONFAULTHANDLER": "1",
+        # 3 (tear down without abort) is torch's default; set it so a user's stale 0 cannot
+        # turn a dead peer into a hang.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
+        "UPS_RUN_ID": run_id,
+        "UPS_RUN_DIR": run_dir,
+    }
+    if gpu_count == 0 and "OMP_NUM_THREADS" not in environ:
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def build_plan(
+    req: LaunchRequest,
+    cfg: Config | None,
+    *,
+    gpu_count: int,
+    pick_port: Callable[[int], int],
+    environ: Mapping[str, str] | None = None,
+) -> LaunchPlan:
+    """Resolve every default and decide ports, ids, argv and env. Raises ValueError.
+
+    ``pick_port(preferred)`` returns ``preferred`` when it can be bound, else a free port
+    (``preflight.checks.ports.pick_free_port``); only the node hosting the store uses it.
+    """
+    environ = os.environ if environ is None else environ
+    output_dir = Path(req.output_dir or (cfg.run.output_dir if cfg else "runs"))
+    run_id = _resolve_run_id(req, cfg, output_dir, environ)
+    run_dir = output_dir / run_id
+    nproc, nproc_source = _resolve_nproc(req, cfg, gpu_count)
+
+    preferred = req.master_port or (cfg.distributed.master_port if cfg else DEFAULT_MASTER_PORT)
+    port_note = None
+    if req.rdzv_endpoint:
+        # The endpoint is shared with the other nodes: it cannot be changed here. Preflight
+        # checks that node 0 can bind it.
+        host, preferred = split_endpoint(req.rdzv_endpoint)
+        port = preferred
+        rdzv_host = req.node_rank == 0
+    else:
+        host, rdzv_host = "127.0.0.1", True
+        port = pick_port(preferred)
+        if port != preferred:
+            port_note = f"port {preferred} is taken; using free port {port}"
+    endpoint = f"{host}:{port}"
+
+    worker_argv = _worker_argv(req, run_id)
+    # Static rendezvous: node N is group rank N and global ranks follow node order, so
+    # rank 0 (outcome.json, W&B) is always on node 0, and MASTER_PORT is exactly the port
+    # checked above. (c10d rendezvous orders nodes by address and pid, and gives workers
+    # a second, random master port.) Node 0's agent hosts the store on that port.
+    torchrun_argv = [
+        f"--nnodes={req.nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--node-rank={req.node_rank}",
+        "--rdzv-backend=static",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        f"--log-dir={run_dir / 'torchelastic'}",
+        "--max-restarts=0",
+        *worker_argv,
+    ]
+    return LaunchPlan(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        output_dir=str(output_dir),
+        config_path=req.config_path,
+        overrides=list(req.overrides),
+        script=req.script,
+        worker_argv=worker_argv,
+        nproc_per_node=nproc,
+        nproc_source=nproc_source,
+        nnodes=req.nnodes,
+        node_rank=req.node_rank,
+        world_size=nproc * req.nnodes,
+        rdzv_endpoint=endpoint,
+        rdzv_host=rdzv_host,
+        master_port_preferred=preferred,
+        master_port=port,
+        port_note=port_note,
+        torchrun_argv=torchrun_argv,
+        env=_worker_env(run_id, str(run_dir), gpu_count, environ),
+        preflight=not req.skip_preflight,
+        preflight_strict=req.preflight_strict,
+        log_path=str(run_dir / "logs" / "launch.log"),
+        result_path=str(run_dir / "torchelastic" / f"node{req.node_rank}-result.json"),
+    )
+
+
+def _worker_argv(req: LaunchRequest, run_id: str) -> list[str]:
+    if req.script is not None:
+        return [req.script, *req.script_args]
+    assert req.config_path is not None  # LaunchRequest guarantees a config or a script
+    sets: Sequence[str] = [*req.overrides, f"run.run_id={run_id}"]
+    return ["-m", TRAINER_MODULE, req.config_path, *(a for s in sets for a in ("--set", s))]

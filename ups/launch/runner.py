@@ -1,0 +1,142 @@
+"""Run torchrun for a plan and stream everything it and its workers print.
+
+torchrun runs in a child process (``python -m ups.launch._torchrun``), not in this one,
+for two reasons: its workers inherit the child's stdout, so one pipe carries every line
+that launch must tee into ``launch.log``; and torchrun's agent installs its own signal
+handlers, which would otherwise fight this process's. The child still runs torchrun
+in-process (``torch.distributed.run.run``), so failures come back exactly, as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from ups.launch.plan import LaunchPlan
+from ups.launch.tee import LineTee
+
+log = structlog.get_logger()  # lazy; see execute.py
+
+
+@dataclass(kw_only=True, slots=True)
+class WorkerFailure:
+    """One failed worker as torchrun's agent saw it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    signal: str | None
+    error_file: str | None
+    message: str
+    timestamp: int
+
+
+@dataclass(kw_only=True, slots=True)
+class TorchrunResult:
+    rc: int
+    """The torchrun child's exit code (0, 1, or 128 + signum)."""
+    status: str
+    """ok, failed (a worker failed), signal (agent stopped), error (torchrun itself failed)."""
+    failures: list[WorkerFailure] = field(default_factory=list)
+    signal: str | None = None
+    error: str | None = None
+    received_signal: str | None = None
+    """The signal ``ups launch`` received and forwarded, if any."""
+
+    def root_cause(self) -> WorkerFailure | None:
+        """The first failure in time, as torchrun's own error summary picks it."""
+        return min(self.failures, key=lambda f: (f.timestamp, f.rank), default=None)
+
+
+def _read_result(path: Path, rc: int) -> TorchrunResult:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return TorchrunResult(
+            rc=rc, status="error", error=f"torchrun exited {rc} without a result file"
+        )
+    failures = [
+        WorkerFailure(
+            rank=int(rank),
+            local_rank=f["local_rank"],
+            exitcode=f["exitcode"],
+            signal=f["signal"],
+            error_file=f["error_file"],
+            message=f["message"],
+            timestamp=f["timestamp"],
+        )
+        for rank, f in data.get("failures", {}).items()
+    ]
+    return TorchrunResult(
+        rc=rc,
+        status=data.get("status", "error"),
+        failures=sorted(failures, key=lambda f: f.rank),
+        signal=data.get("signal"),
+        error=data.get("error"),
+    )
+
+
+@contextmanager
+def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> Iterator[None]:
+    """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
+
+    Only the first signal is forwarded: torchrun is then already giving the workers
+    their grace period (30 s) before SIGKILL, and a second signal would interrupt it.
+    """
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if "signal" in state:
+            log.warning("already stopping; workers are finishing", signal=name)
+            return
+        state["signal"] = name
+        log.warning("stopping: forwarding SIGTERM to torchrun", signal=name)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in watched}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_torchrun(plan: LaunchPlan, tee: LineTee) -> TorchrunResult:
+    """Start torchrun for ``plan``, tee its output line by line, return how it ended."""
+    result_path = Path(plan.result_path)
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "ups.launch._torchrun", str(result_path), *plan.torchrun_argv]
+    env = {**os.environ, **plan.env}
+    state: dict[str, str] = {}
+    log.info("starting torchrun", cmd=cmd)
+    # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
+    # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    with _forward_signals(proc, state):
+        for raw in proc.stdout:
+            tee.write_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+        rc = proc.wait()
+    result = _read_result(result_path, rc)
+    result.received_signal = state.get("signal")
+    return result

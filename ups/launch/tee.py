@@ -1,0 +1,67 @@
+"""Write every line ``ups launch`` and its workers print to ``launch.log`` and to stdout.
+
+The file gets the raw lines (JSON events and torchrun's plain text), flushed per line,
+because ``fab logs`` follows it remotely by byte offset. stdout gets the same lines,
+rendered for people when it is a terminal, raw otherwise (containers, pipes).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import IO, TextIO
+
+from ups.log import render_line
+
+
+class LineTee:
+    """A text stream that duplicates whole lines to a log file and to a console stream.
+
+    Usable as the ``stdout`` of :func:`ups.log.setup_logging`, so launch's own events and
+    its workers' output land in one file in the order they happened.
+    """
+
+    def __init__(self, path: Path, console: TextIO, *, render: bool | None = None) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: IO[str] = path.open("a", buffering=1, encoding="utf-8")
+        self._console = console
+        self._render = console.isatty() if render is None else render
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def isatty(self) -> bool:
+        # Callers that ask get "no": they must write JSON, which this stream renders itself.
+        return False
+
+    def write_line(self, line: str) -> None:
+        """Write one line (without its newline) to both sinks."""
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+            shown = render_line(line, colors=True) if self._render else line
+            self._console.write(shown + "\n")
+            self._console.flush()
+
+    def write(self, text: str) -> int:
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            self.write_line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        self._file.flush()
+        self._console.flush()
+
+    def close(self) -> None:
+        if self._partial:
+            self.write_line(self._partial)
+            self._partial = ""
+        self._file.close()
+
+    def __enter__(self) -> LineTee:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
