@@ -126,6 +126,6 @@ def setup_logging(
 
 
 def get_logger(name: str | None = None) -> Any:
-    """Return a structlog logger (bound to ``logger=name`` when given)."""
+    """Return a lazy structlog logger (bound to ``component=name`` when given)."""
     # Initial values keep the proxy lazy, so a module-level logger follows later configuration.
-    return structlog.get_logger(logger=name) if name else structlog.get_logger()
+    return structlog.get_logger(component=name) if name else structlog.get_logger()
