@@ -1,0 +1,175 @@
+"""A real sshd on 127.0.0.1 with generated keys, and a hosts file that points at it.
+
+Import the fixtures from test modules (``from tests.deploy_fixtures import sshd, ...``).
+sshd runs as the current user (root here), so the "remote" side is this machine: the
+``container`` host kind runs the ups installed in this checkout's .venv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
+        check=True,
+        timeout=30,
+    )
+
+
+@dataclass
+class SshServer:
+    """A running sshd: where it listens and the client key that logs in."""
+
+    root: Path
+    port: int
+    client_key: Path
+    host_key: Path
+    proc: subprocess.Popen[bytes]
+
+    def session_pids(self) -> list[int]:
+        """Pids of the sshd children serving connections (one per connection)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.proc.pid:
+                pids.append(int(entry.name))
+        return pids
+
+    def drop_sessions(self) -> int:
+        """Kill every sshd child serving a connection, as a network drop would."""
+        pids = self.session_pids()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    def host_entry(self, **overrides: Any) -> dict[str, Any]:
+        entry: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "port": self.port,
+            "user": os.environ.get("USER", "root"),
+            "key": str(self.client_key),
+            "kind": "container",
+            "image": "ups:cpu",
+            "workdir": str(self.root / "remote"),
+            "gpus": 0,
+            "ups_bin": str(VENV_BIN / "ups"),
+            "connect_timeout": 5,
+            "keepalive_s": 2,
+        }
+        entry.update(overrides)
+        return entry
+
+    def write_hosts(self, path: Path, hosts: dict[str, dict[str, Any]] | None = None) -> Path:
+        """Write a hosts file with ``test`` (this sshd) plus ``hosts``; return its path."""
+        data = {
+            "known_hosts": str(path.parent / "known_hosts"),
+            "hosts": {"test": self.host_entry(), **(hosts or {})},
+        }
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+
+def start_sshd(root: Path, host_key: Path | None = None, port: int | None = None) -> SshServer:
+    root.mkdir(parents=True, exist_ok=True)
+    if not Path(SSHD).exists():
+        pytest.skip("sshd missing: run scripts/sshd-setup.sh")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    client_key = root / "client_ed25519"
+    if not client_key.exists():
+        _keygen(client_key)
+    if host_key is None:
+        host_key = root / "host_ed25519"
+        _keygen(host_key)
+    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
+    port = port or free_port()
+    config = root / "sshd_config"
+    config.write_text(
+        "\n".join(
+            [
+                f"Port {port}",
+                "ListenAddress 127.0.0.1",
+                f"HostKey {host_key}",
+                f"AuthorizedKeysFile {root / 'authorized_keys'}",
+                f"PidFile {root / 'sshd.pid'}",
+                "PermitRootLogin prohibit-password",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "StrictModes no",
+                "UsePAM no",
+                "MaxStartups 100",
+                "MaxSessions 100",
+                "Subsystem sftp internal-sftp",
+                "LogLevel ERROR",
+                "",
+            ]
+        )
+    )
+    log = (root / "sshd.log").open("wb")
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sshd exited: {(root / 'sshd.log').read_text()}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            time.sleep(0.05)  # polling for the port to open, bounded by the deadline
+    else:
+        proc.kill()
+        raise RuntimeError("sshd did not start listening in 15 s")
+    return SshServer(root=root, port=port, client_key=client_key, host_key=host_key, proc=proc)
+
+
+def stop_sshd(server: SshServer) -> None:
+    server.drop_sessions()
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[SshServer]:
+    """A fresh sshd on a free loopback port, stopped after the test."""
+    server = start_sshd(tmp_path / "sshd")
+    (server.root / "remote").mkdir()
+    try:
+        yield server
+    finally:
+        stop_sshd(server)

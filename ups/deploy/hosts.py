@@ -1,0 +1,119 @@
+"""Deploy targets: ``configs/hosts.yaml`` maps a name to an SSH address and how to run there.
+
+Example entry (see configs/hosts.yaml)::
+
+    known_hosts: ~/.config/ups/known_hosts   # ups-managed, first contact records the key
+    hosts:
+      vast:
+        host: ssh6.vast.ai        # address, or an alias from ~/.ssh/config
+        port: 10538
+        user: root
+        key: ~/.ssh/id_ed25519
+        kind: container           # the host runs the ups image itself (normal Vast instance)
+        image: ghcr.io/you/ups:0.1.0
+        workdir: /workspace/ups
+        gpus: 2
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ups.deploy.errors import DeployError
+
+DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
+DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
+
+HostKind = Literal["container", "docker"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HostSpec(_Strict):
+    """One deploy target."""
+
+    name: str = ""
+    """The key in hosts.yaml (filled in by the loader)."""
+    host: str
+    """Address or ``~/.ssh/config`` alias (its HostName, Port, User, IdentityFile apply)."""
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    key: str | None = None
+    """Private key file; default: the ssh agent and ``~/.ssh/id_*``."""
+    jump: str | None = None
+    """Jump host as ``user@host:port`` (like ``ssh -J``)."""
+    kind: HostKind = "container"
+    """``container``: the host is the ups image (Vast instance); ``docker``: it runs a daemon."""
+    image: str = "ups:latest"
+    """Image reference the host runs (container) or receives (docker)."""
+    workdir: str = "/workspace/ups"
+    """Remote directory that holds configs/, data/ and runs/."""
+    gpus: int = Field(0, ge=0)
+    """GPUs the run uses; 0 lets ``ups launch`` decide (2 CPU ranks without a GPU)."""
+    ups_bin: str = "ups"
+    """The ``ups`` executable on a container host."""
+    remote_env: str | None = None
+    """Shell line run before every remote command (e.g. ``. /opt/venv/bin/activate``)."""
+    registry: str | None = None
+    """docker kind: push ``image`` here and pull it remotely instead of shipping layers."""
+    compose_file: str = "docker-compose.yml"
+    """docker kind: compose file, relative to ``workdir``."""
+    compose_service: str = "train-ddp"
+    docker_host: str | None = None
+    """docker kind: remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
+    connect_timeout: float = Field(10.0, gt=0)
+    keepalive_s: int = Field(5, ge=1)
+
+
+class HostsFile(_Strict):
+    known_hosts: str = str(DEFAULT_KNOWN_HOSTS)
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+
+
+def hosts_file_path(path: str | Path | None = None) -> Path:
+    """``path``, else ``$UPS_HOSTS_FILE``, else ``configs/hosts.yaml``."""
+    return Path(path or os.environ.get("UPS_HOSTS_FILE") or DEFAULT_HOSTS_FILE)
+
+
+def load_hosts(path: str | Path | None = None) -> HostsFile:
+    """Read and validate the hosts file; every problem is listed with its key path."""
+    file = hosts_file_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except FileNotFoundError:
+        raise DeployError(
+            f"hosts file {file} not found. Copy configs/hosts.yaml, add your host, and pass "
+            "--hosts-file PATH or set UPS_HOSTS_FILE."
+        ) from None
+    except yaml.YAMLError as err:
+        raise DeployError(f"hosts file {file} is not valid YAML: {err}") from None
+    try:
+        parsed = HostsFile.model_validate(raw)
+    except ValidationError as err:
+        problems = "\n".join(
+            f"  - {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+        )
+        raise DeployError(f"hosts file {file} is invalid:\n{problems}") from None
+    hosts = {name: spec.model_copy(update={"name": name}) for name, spec in parsed.hosts.items()}
+    return parsed.model_copy(update={"hosts": hosts})
+
+
+def get_host(name: str, path: str | Path | None = None) -> tuple[HostSpec, Path]:
+    """Return the named host and the known_hosts file to verify it against."""
+    hosts = load_hosts(path)
+    spec = hosts.hosts.get(name)
+    if spec is None:
+        known = ", ".join(sorted(hosts.hosts)) or "(none)"
+        raise DeployError(
+            f"unknown host {name!r}: {hosts_file_path(path)} defines {known}. "
+            f"Add an entry under 'hosts:' or pick one of those."
+        )
+    known_hosts = os.environ.get("UPS_KNOWN_HOSTS") or hosts.known_hosts
+    return spec, Path(known_hosts).expanduser()
