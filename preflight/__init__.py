@@ -1,1 +1,9 @@
-"""ups-preflight: prove a fresh host is fit to train before money is spent."""
+"""ups-preflight: is this host fit to train? One command on a fresh instance, and the gate
+in front of every training start. See docs/preflight.md for the checks and the JSON schema.
+"""
+
+from preflight.options import PreflightOptions
+from preflight.result import CheckResult, Report, Status
+from preflight.runner import run_preflight, select_checks
+
+__all__ = ["CheckResult", "PreflightOptions", "Report", "Status", "run_preflight", "select_checks"]

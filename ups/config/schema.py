@@ -137,6 +137,11 @@ class WandbConfig(_Strict):
     entity: str | None = None
 
 
+class PreflightConfig(_Strict):
+    min_busbw_gbps: float | None = Field(None, gt=0.0)
+    """All-reduce bus-bandwidth floor for ``ups-preflight``; default: its per-GPU-model table."""
+
+
 FaultKind = Literal["oom", "exception", "segfault", "hang", "sigterm"]
 
 
@@ -158,5 +163,6 @@ class Config(_Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     cache: CacheConfig = CacheConfig()
     wandb: WandbConfig = WandbConfig()
+    preflight: PreflightConfig = PreflightConfig()
     faults: list[FaultConfig] = Field(default_factory=list)
     """Fault injection (also ``UPS_FAULTS``); empty in every shipped config."""

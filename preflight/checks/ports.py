@@ -1,0 +1,125 @@
+"""Ports: the master (and rendezvous) port must be bindable before torchrun starts.
+
+"Address already in use" on 29500 is the classic leftover-process failure (REFERENCE §1).
+The helpers here are shared with ``ups launch``, which picks a free port instead of failing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+from preflight.options import Context
+from preflight.result import CheckResult, Status, worst
+
+_TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+_LISTEN = "0A"
+
+
+def is_bindable(port: int, host: str = "0.0.0.0") -> bool:
+    """True when a TCP server socket could bind ``host:port`` now.
+
+    Uses SO_REUSEADDR like torch's TCPStore, so sockets in TIME_WAIT do not count as taken.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_free_port(preferred: int, host: str = "0.0.0.0") -> int:
+    """``preferred`` when it is bindable, else a free port the kernel hands out."""
+    if preferred and is_bindable(preferred, host):
+        return preferred
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _socket_inodes(port: int) -> list[str]:
+    """Inodes of TCP sockets bound to ``port`` (listening ones first)."""
+    listening: list[str] = []
+    other: list[str] = []
+    for table in _TCP_TABLES:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port != port or fields[9] == "0":
+                continue
+            (listening if fields[3] == _LISTEN else other).append(fields[9])
+    return listening + other
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+
+
+def port_holder(port: int) -> str | None:
+    """``"pid 1234 (python -m ...)"`` for the process holding ``port``, when it can be found.
+
+    Reads /proc/net/tcp{,6} for the socket's inode, then /proc/*/fd for its owner. Returns
+    None when no socket is found or the owner is invisible (another user or PID namespace).
+    """
+    inodes = _socket_inodes(port)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        fd_dir = f"/proc/{pid}/fd"
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"{fd_dir}/{fd}") in wanted:
+                        return f"pid {pid} ({_cmdline(pid)[:120]})"
+    return f"a socket (inode {inodes[0]}) whose process is not visible here"
+
+
+_PortOutcome = tuple[Status, str, str | None, dict[str, object]]
+
+
+def _check_port(role: str, port: int, fallback: bool) -> _PortOutcome:
+    if is_bindable(port):
+        return Status.PASS, f"{role} port {port} is free", None, {"port": port, "free": True}
+    holder = port_holder(port)
+    free = pick_free_port(0)
+    held_by = f" held by {holder}" if holder else ""
+    details: dict[str, object] = {"port": port, "free": False, "holder": holder, "suggested": free}
+    flag = "--master-port" if role == "master" else "--rdzv-port"
+    key = f" (or --set distributed.master_port={free})" if role == "master" else ""
+    hint = f"use a free port: {flag} {free}{key}"
+    if holder and holder.startswith("pid "):
+        hint += f", or stop the leftover process: kill {holder.split()[1]}"
+    if fallback:
+        return Status.WARN, f"{role} port {port} is taken{held_by}; using {free}", hint, details
+    return Status.FAIL, f"{role} port {port} is taken{held_by}", hint, details
+
+
+def run(ctx: Context) -> CheckResult:
+    ports = [("master", ctx.master_port)]
+    if ctx.opts.rdzv_port is not None:
+        ports.append(("rendezvous", ctx.opts.rdzv_port))
+    outcomes = [(role, _check_port(role, port, ctx.opts.port_fallback)) for role, port in ports]
+    hints = [o[2] for _, o in outcomes if o[2]]
+    return CheckResult(
+        name="ports",
+        status=worst([o[0] for _, o in outcomes]),
+        message="; ".join(o[1] for _, o in outcomes),
+        value=ctx.master_port,
+        hint="; ".join(hints) or None,
+        details={role: o[3] for role, o in outcomes},
+    )

@@ -1,0 +1,14 @@
+"""Byte formatting shared by the checks."""
+
+from __future__ import annotations
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def human_bytes(n: float) -> str:
+    """``1536 MiB`` -> ``"1.5 GiB"``; binary units, 3 significant digits."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"
