@@ -14,8 +14,9 @@ from preflight.result import CheckResult, Report, Status
 from ups.config import Config, ConfigError, load_config
 from ups.log import get_logger
 
-# get_logger(name) binds `logger=`, which clashes with structlog's lazy proxy; bind our own key.
-log = get_logger().bind(component="preflight")
+# get_logger(name) stays lazy (component=name), so events follow the caller's later setup
+# (e.g. `ups launch` teeing them into launch.log); .bind() here would freeze the default.
+log = get_logger("preflight")
 
 
 def select_checks(only: list[str], skip: list[str]) -> list[CheckSpec]:
