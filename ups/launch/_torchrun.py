@@ -35,6 +35,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _message(message: object) -> str:
+    """The error text: @record's error file holds ``{"message": "RuntimeError: ...", ...}``."""
+    if isinstance(message, dict):
+        inner = message.get("message")
+        return inner if isinstance(inner, str) else json.dumps(message)
+    return str(message)
+
+
 def _failures(err: ChildFailedError) -> dict[str, dict[str, Any]]:
     out = {}
     for rank, f in err.failures.items():
@@ -43,7 +51,7 @@ def _failures(err: ChildFailedError) -> dict[str, dict[str, Any]]:
             "exitcode": f.exitcode,
             "signal": f.signal_name() if f.exitcode < 0 else None,
             "error_file": f.error_file if Path(f.error_file).is_file() else None,
-            "message": f.message if isinstance(f.message, str) else json.dumps(f.message),
+            "message": _message(f.message),
             "timestamp": f.timestamp,
             "pid": f.pid,
         }

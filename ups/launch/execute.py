@@ -14,19 +14,17 @@ from ups.launch.plan import LaunchPlan
 from ups.launch.rundir import point_latest, prepare_run_dir
 from ups.launch.runner import run_torchrun
 from ups.launch.tee import LineTee
-from ups.log import setup_logging
+from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome, write_outcome
 
-# A bare lazy proxy: it resolves the configuration at each call, so it writes to the tee
-# that execute() sets up later. ``logger="ups.launch"`` is bound as a context variable there.
-log = structlog.get_logger()
+log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
 
 
 def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
     setup_logging(run_id=plan.run_id, console=False, stdout=cast(TextIO, tee))
     # Launch is no rank: say which node agent wrote the line instead.
     structlog.contextvars.unbind_contextvars("rank", "world_size")
-    structlog.contextvars.bind_contextvars(logger="ups.launch", node_rank=plan.node_rank)
+    structlog.contextvars.bind_contextvars(node_rank=plan.node_rank)
 
 
 def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:

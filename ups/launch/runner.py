@@ -21,12 +21,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import structlog
-
 from ups.launch.plan import LaunchPlan
 from ups.launch.tee import LineTee
+from ups.log import get_logger
+from ups.outcome import EXIT_PREEMPTED
 
-log = structlog.get_logger()  # lazy; see execute.py
+log = get_logger("ups.launch")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,8 +55,22 @@ class TorchrunResult:
     """The signal ``ups launch`` received and forwarded, if any."""
 
     def root_cause(self) -> WorkerFailure | None:
-        """The first failure in time, as torchrun's own error summary picks it."""
-        return min(self.failures, key=lambda f: (f.timestamp, f.rank), default=None)
+        """The failure that started it: not a rank the agent stopped, then the earliest."""
+        return min(self.failures, key=lambda f: (_collateral(f), f.timestamp, f.rank), default=None)
+
+
+def _collateral(f: WorkerFailure) -> int:
+    """How likely a failure is the agent tearing down survivors rather than a cause.
+
+    When one worker fails, torchrun sends SIGTERM to the others (SIGKILL after the grace
+    period), and a trainer that catches SIGTERM exits 75: those ranks are listed as
+    failures too, often with earlier timestamps.
+    """
+    if f.signal == "SIGTERM" or f.exitcode == EXIT_PREEMPTED:
+        return 2
+    if f.signal == "SIGKILL":
+        return 1
+    return 0
 
 
 def _read_result(path: Path, rc: int) -> TorchrunResult:
