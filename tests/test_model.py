@@ -1,0 +1,97 @@
+"""The latent operator model, as pure logic: shapes, the residual form, config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ups.config import ModelConfig
+from ups.model import LatentOperator, TaskShape, build_model, model_problems
+
+ADVECTION = TaskShape("advection", 1, 1, (64,), steady=False)
+DARCY = TaskShape("darcy", 1, 1, (16, 16), steady=True)
+REACTION = TaskShape("reaction", 2, 2, (16, 8), steady=False)
+SMALL = ModelConfig(latent_dim=16, depth=1, heads=2, patch_1d=8, patch_2d=4)
+
+
+def _model(*shapes: TaskShape) -> LatentOperator:
+    torch.manual_seed(0)
+    return build_model(list(shapes), SMALL)
+
+
+def test_predictions_have_each_tasks_input_shape() -> None:
+    """One forward call serves 1D and 2D tasks (one and two channels) with shapes unchanged."""
+    model = _model(ADVECTION, DARCY, REACTION)
+    batch = {
+        "advection": torch.randn(3, 1, 64),
+        "darcy": torch.randn(5, 1, 16, 16),
+        "reaction": torch.randn(2, 2, 16, 8),
+    }
+    out = model(batch)
+    assert set(out) == set(batch)
+    for task, x in batch.items():
+        assert out[task].shape == x.shape, task
+        assert out[task].dtype == torch.float32
+
+
+def test_forward_on_a_subset_of_tasks() -> None:
+    """Evaluation feeds one task at a time; the model does not need every task in a batch."""
+    model = _model(ADVECTION, DARCY)
+    out = model({"darcy": torch.randn(4, 1, 16, 16)})
+    assert list(out) == ["darcy"]
+    assert out["darcy"].shape == (4, 1, 16, 16)
+
+
+def _zero_decoders(model: LatentOperator) -> None:
+    with torch.no_grad():
+        for decoder in model.decoders.values():
+            decoder.proj.weight.zero_()
+            assert decoder.proj.bias is not None
+            decoder.proj.bias.zero_()
+
+
+def test_time_tasks_predict_input_plus_change() -> None:
+    """With a zeroed decoder a time-dependent task predicts exactly its input frame
+    (persistence), so training starts from the identity; a steady task predicts zero."""
+    model = _model(ADVECTION, DARCY, REACTION)
+    _zero_decoders(model)
+    batch = {
+        "advection": torch.randn(3, 1, 64),
+        "darcy": torch.randn(2, 1, 16, 16),
+        "reaction": torch.randn(2, 2, 16, 8),
+    }
+    out = model(batch)
+    torch.testing.assert_close(out["advection"], batch["advection"], rtol=0, atol=0)
+    torch.testing.assert_close(out["reaction"], batch["reaction"], rtol=0, atol=0)
+    assert torch.count_nonzero(out["darcy"]) == 0
+
+
+def test_every_task_shares_the_operator() -> None:
+    """One transformer serves all tasks: a gradient from any one task reaches the shared
+    operator, and only that task's own encoder/decoder."""
+    model = _model(ADVECTION, DARCY)
+    model({"advection": torch.randn(2, 1, 64)})["advection"].pow(2).mean().backward()
+    shared = [p.grad for p in model.operator.parameters()]
+    assert all(g is not None and g.abs().sum() > 0 for g in shared)
+    assert all(p.grad is None for p in model.encoders["darcy"].parameters())
+    assert all(p.grad is None for p in model.decoders["darcy"].parameters())
+
+
+def test_patch_not_dividing_a_2d_grid_names_model_patch_2d() -> None:
+    """A 2D patch size that does not divide the grid is refused with the key to change."""
+    cfg = SMALL.model_copy(update={"patch_2d": 5})
+    with pytest.raises(ValueError, match=r"model\.patch_2d=5") as info:
+        build_model([ADVECTION, DARCY], cfg)
+    message = str(info.value)
+    assert "'darcy'" in message and "(16, 16)" in message
+    assert "patch_1d" not in message  # the 1D task fits: only the culprit is named
+
+
+def test_every_misfit_is_listed_at_once() -> None:
+    """Both patch sizes wrong: both keys appear, so the user fixes them in one pass."""
+    cfg = SMALL.model_copy(update={"patch_1d": 7, "patch_2d": 3})
+    problems = model_problems([ADVECTION, DARCY], cfg)
+    assert len(problems) == 2
+    assert problems[0].startswith("model.patch_1d=7")
+    assert problems[1].startswith("model.patch_2d=3")
+    assert model_problems([ADVECTION, DARCY], SMALL) == []
