@@ -6,7 +6,7 @@ well under 20 s; ``small=False`` gives the released grid sizes with fewer sample
 ==============================  =========================  ==================================
 file                            small                      what
 ==============================  =========================  ==================================
-1D_Advection_Sols_beta0.4.hdf5  N=128, 201 frames, X=256   exact solution u0((x - beta t) mod 1)
+1D_Advection_Sols_beta0.4.hdf5  N=128, 201 frames, X=256   u0((x - beta t) mod 1), analytic
 1D_Burgers_Sols_Nu0.01.hdf5     N=128, 201 frames, X=256   MUSCL-Rusanov finite volumes, SSP-RK2
 2D_DarcyFlow_beta1.0_Train.hdf5 N=256, 64 x 64             Jacobi-preconditioned CG, rtol 1e-6
 2D_diff-react_NA_NA.h5          N=32, 101 frames, 32 x 32  FitzHugh-Nagumo, explicit Euler
@@ -52,46 +52,57 @@ def cell_centres(n: int) -> np.ndarray:
     return (np.arange(n) + 0.5) / n
 
 
-def initial_conditions(x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """PDEBench 1D initial conditions (REFERENCE §3), shape (n, len(x)), float64.
+@dataclass(frozen=True)
+class InitialConditions:
+    """PDEBench 1D initial conditions (REFERENCE §3) as a function of x, for n samples.
 
     Sum over modes m = 1..4 of ``A_m sin(k_m x + phi_m)`` with ``k_m = 2 pi m s_m``, where
-    ``s_m`` counts how many of 2 random draws picked mode m; then 10% take ``abs()``, every
-    sample a random sign, and 10% a tanh window.
+    ``s_m`` counts how many of 2 random draws picked mode m; then 10% of the samples take
+    ``abs()``, every sample a random sign, and 10% a tanh window.
     """
-    modes = np.arange(1, 5)
-    draws = rng.integers(0, 4, size=(n, 2))
-    counts = (draws[:, :, None] == np.arange(4)).sum(axis=1)
-    k = 2 * np.pi * modes * counts
-    amp = rng.uniform(0.0, 1.0, size=(n, 4))
-    phase = rng.uniform(0.0, 2 * np.pi, size=(n, 4))
-    u = (amp[:, :, None] * np.sin(k[:, :, None] * x + phase[:, :, None])).sum(axis=1)
-    absolute = rng.uniform(size=n) < 0.1
-    u[absolute] = np.abs(u[absolute])
-    u *= rng.choice([-1.0, 1.0], size=n)[:, None]
-    window = rng.uniform(size=n) < 0.1
-    left = rng.uniform(0.1, 0.45, size=n)[:, None]
-    right = rng.uniform(0.55, 0.9, size=n)[:, None]
-    mask = 0.5 * (np.tanh((x - left) / 0.01) - np.tanh((x - right) / 0.01))
-    out: np.ndarray = np.where(window[:, None], u * mask, u)
-    return out
+
+    k: np.ndarray  # (n, 4) wavenumbers
+    amp: np.ndarray  # (n, 4)
+    phase: np.ndarray  # (n, 4)
+    absolute: np.ndarray  # (n,) bool
+    sign: np.ndarray  # (n,)
+    window: np.ndarray  # (n,) bool
+    left: np.ndarray  # (n,) window edges
+    right: np.ndarray
+
+    @classmethod
+    def draw(cls, n: int, rng: np.random.Generator) -> InitialConditions:
+        draws = rng.integers(0, 4, size=(n, 2))
+        counts = (draws[:, :, None] == np.arange(4)).sum(axis=1)
+        return cls(
+            k=2 * np.pi * np.arange(1, 5) * counts,
+            amp=rng.uniform(0.0, 1.0, size=(n, 4)),
+            phase=rng.uniform(0.0, 2 * np.pi, size=(n, 4)),
+            absolute=rng.uniform(size=n) < 0.1,
+            sign=rng.choice([-1.0, 1.0], size=n),
+            window=rng.uniform(size=n) < 0.1,
+            left=rng.uniform(0.1, 0.45, size=n),
+            right=rng.uniform(0.55, 0.9, size=n),
+        )
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """u0 at points ``x`` of shape (X,) or (n, X), analytically; returns (n, X)."""
+        x = np.broadcast_to(x, (self.k.shape[0], x.shape[-1]))
+        waves = self.amp[:, :, None] * np.sin(
+            self.k[:, :, None] * x[:, None, :] + self.phase[:, :, None]
+        )
+        u = waves.sum(axis=1)
+        u = np.where(self.absolute[:, None], np.abs(u), u) * self.sign[:, None]
+        mask = 0.5 * (
+            np.tanh((x - self.left[:, None]) / 0.01) - np.tanh((x - self.right[:, None]) / 0.01)
+        )
+        out: np.ndarray = np.where(self.window[:, None], u * mask, u)
+        return out
 
 
-def advection(u0: np.ndarray, x: np.ndarray, beta: float, times: np.ndarray) -> np.ndarray:
-    """Exact periodic transport of ``u0`` (given on cell centres ``x``), shape (n, T, X).
-
-    ``u0`` is re-evaluated at ``(x - beta t) mod 1`` by periodic linear interpolation only where
-    the shift is not a whole number of cells; the tests use whole-cell shifts.
-    """
-    nx = x.size
-    out = np.empty((u0.shape[0], times.size, nx))
-    for j, t in enumerate(times):
-        shift = beta * t * nx
-        whole = int(np.floor(shift))
-        frac = shift - whole
-        a = np.roll(u0, whole, axis=1)
-        out[:, j] = a if frac < 1e-9 else (1 - frac) * a + frac * np.roll(a, 1, axis=1)
-    return out
+def advection(ic: InitialConditions, x: np.ndarray, beta: float, times: np.ndarray) -> np.ndarray:
+    """The exact periodic solution ``u0((x - beta t) mod 1)``, shape (n, T, X)."""
+    return np.stack([ic(np.mod(x - beta * t, 1.0)) for t in times], axis=1)
 
 
 def _minmod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -135,31 +146,59 @@ def smooth_field(n: int, size: int, length: float, rng: np.random.Generator) -> 
     return np.fft.ifft2(np.fft.fft2(noise) * kernel).real
 
 
-def _darcy_op(u: np.ndarray, ax: np.ndarray, ay: np.ndarray, h: float) -> np.ndarray:
-    """``-div(a grad u)`` on cell centres with u = 0 on the boundary (ghost cells -u)."""
-    padded = np.pad(u, ((0, 0), (1, 1), (1, 1)))
-    padded[:, 0, :], padded[:, -1, :] = -padded[:, 1, :], -padded[:, -2, :]
-    padded[:, :, 0], padded[:, :, -1] = -padded[:, :, 1], -padded[:, :, -2]
-    gx = np.diff(padded[:, :, 1:-1], axis=1)  # faces along axis 1
-    gy = np.diff(padded[:, 1:-1, :], axis=2)
-    return -(np.diff(ax * gx, axis=1) + np.diff(ay * gy, axis=2)) / (h * h)
+@dataclass(frozen=True)
+class DarcyOperator:
+    """``-div(a grad u)`` on cell centres of [0,1]^2 with u = 0 on the boundary.
 
+    A 5-point stencil with harmonic-mean face coefficients; a boundary face sees the ghost
+    value -u, so it counts twice on the diagonal. Symmetric positive definite.
+    """
 
-def _face_coefficients(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Harmonic means on interior faces; boundary faces take the cell's own value."""
-    edge = np.pad(a, ((0, 0), (1, 1), (1, 1)), mode="edge")
-    ax = 2 * edge[:, :-1, 1:-1] * edge[:, 1:, 1:-1] / (edge[:, :-1, 1:-1] + edge[:, 1:, 1:-1])
-    ay = 2 * edge[:, 1:-1, :-1] * edge[:, 1:-1, 1:] / (edge[:, 1:-1, :-1] + edge[:, 1:-1, 1:])
-    return ax, ay
+    diag: np.ndarray  # (n, H, W)
+    down: np.ndarray  # coefficient of u[i-1, j]; zero on the first row
+    up: np.ndarray  # coefficient of u[i+1, j]
+    left: np.ndarray  # coefficient of u[i, j-1]
+    right: np.ndarray  # coefficient of u[i, j+1]
+
+    @classmethod
+    def build(cls, a: np.ndarray) -> DarcyOperator:
+        inv_h2 = float(a.shape[-1]) ** 2
+        edge = np.pad(a, ((0, 0), (1, 1), (1, 1)), mode="edge")
+        c = edge[:, 1:-1, 1:-1]
+
+        def face(nb: np.ndarray) -> np.ndarray:
+            out: np.ndarray = 2 * c * nb / (c + nb) * inv_h2
+            return out
+
+        down, up = face(edge[:, :-2, 1:-1]), face(edge[:, 2:, 1:-1])
+        left, right = face(edge[:, 1:-1, :-2]), face(edge[:, 1:-1, 2:])
+        diag = down + up + left + right
+        diag[:, 0] += down[:, 0]
+        diag[:, -1] += up[:, -1]
+        diag[:, :, 0] += left[:, :, 0]
+        diag[:, :, -1] += right[:, :, -1]
+        down[:, 0], up[:, -1], left[:, :, 0], right[:, :, -1] = 0, 0, 0, 0
+        return cls(diag, down, up, left, right)
+
+    def __call__(self, u: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self.diag * u
+        out[:, 1:] -= self.down[:, 1:] * u[:, :-1]
+        out[:, :-1] -= self.up[:, :-1] * u[:, 1:]
+        out[:, :, 1:] -= self.left[:, :, 1:] * u[:, :, :-1]
+        out[:, :, :-1] -= self.right[:, :, :-1] * u[:, :, 1:]
+        return out
 
 
 def darcy_residual(u: np.ndarray, a: np.ndarray, beta: float) -> np.ndarray:
     """Per-sample ``||beta + div(a grad u)|| / ||beta||`` (the solver's stopping measure)."""
-    ax, ay = _face_coefficients(a)
-    h = 1.0 / a.shape[-1]
-    r = beta - _darcy_op(u, ax, ay, h)
-    rms: np.ndarray = np.sqrt((r**2).sum(axis=(1, 2)) / (beta**2 * a[0].size))
+    r = beta - DarcyOperator.build(a)(u)
+    rms: np.ndarray = np.sqrt((r**2).mean(axis=(1, 2))) / abs(beta)
     return rms
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.einsum("nij,nij->n", a, b)
+    return out
 
 
 def darcy(a: np.ndarray, beta: float, rtol: float = DARCY_RTOL, max_iter: int = 5000) -> np.ndarray:
@@ -168,33 +207,26 @@ def darcy(a: np.ndarray, beta: float, rtol: float = DARCY_RTOL, max_iter: int = 
     Jacobi-preconditioned conjugate gradients vectorised over samples, each sample stopping
     at relative residual ``rtol``. Raises RuntimeError if a sample does not converge.
     """
-    ax, ay = _face_coefficients(a)
-    h = 1.0 / a.shape[-1]
-    # Diagonal of the operator; a boundary face counts twice since its ghost value is -u.
-    diag = ax[:, 1:] + ax[:, :-1] + ay[:, :, 1:] + ay[:, :, :-1]
-    diag[:, 0, :] += ax[:, 0]
-    diag[:, -1, :] += ax[:, -1]
-    diag[:, :, 0] += ay[:, :, 0]
-    diag[:, :, -1] += ay[:, :, -1]
-    diag /= h * h
-    b = np.full_like(a, beta)
+    op = DarcyOperator.build(a)
+    inv_diag = 1.0 / op.diag
     u = np.zeros_like(a)
-    r = b.copy()
-    z = r / diag
+    r = np.full_like(a, beta)
+    z = r * inv_diag
     p = z.copy()
-    rz = (r * z).sum(axis=(1, 2))
-    bnorm = np.sqrt((b**2).sum(axis=(1, 2)))
+    rz = _dot(r, z)
+    stop = rtol * abs(beta) * np.sqrt(a[0].size)
     for _ in range(max_iter):
-        active = np.sqrt((r**2).sum(axis=(1, 2))) > rtol * bnorm
+        active = np.sqrt(_dot(r, r)) > stop
         if not active.any():
             return u
-        ap = _darcy_op(p, ax, ay, h)
-        alpha = np.where(active, rz / np.maximum((p * ap).sum(axis=(1, 2)), 1e-300), 0.0)
-        u += alpha[:, None, None] * p
-        r -= alpha[:, None, None] * ap
-        z = r / diag
-        rz_new = (r * z).sum(axis=(1, 2))
-        p = z + (rz_new / np.maximum(rz, 1e-300))[:, None, None] * p
+        ap = op(p)
+        alpha = np.where(active, rz / np.maximum(_dot(p, ap), 1e-300), 0.0)[:, None, None]
+        u += alpha * p
+        r -= alpha * ap
+        np.multiply(r, inv_diag, out=z)
+        rz_new = _dot(r, z)
+        p *= (rz_new / np.maximum(rz, 1e-300))[:, None, None]
+        p += z
         rz = rz_new
     raise RuntimeError(f"Darcy CG did not reach rtol {rtol} in {max_iter} iterations")
 
@@ -238,10 +270,10 @@ def _write_1d(path: Path, u: np.ndarray, x: np.ndarray, attr: str, value: float)
 def synth_1d(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> list[Path]:
     x = cell_centres(sizes.x_1d)
     times = np.arange(N_FRAMES_1D) * DT_SAVE
-    u0 = initial_conditions(x, sizes.n_1d, rng)
     adv, burg = out_dir / ADVECTION_FILE, out_dir / BURGERS_FILE
-    _write_1d(adv, advection(u0, x, 0.4, times), x, "beta", 0.4)
-    u0 = initial_conditions(x, sizes.n_1d, rng)
+    ic = InitialConditions.draw(sizes.n_1d, rng)
+    _write_1d(adv, advection(ic, x, 0.4, times), x, "beta", 0.4)
+    u0 = InitialConditions.draw(sizes.n_1d, rng)(x)
     _write_1d(burg, burgers(u0, 1.0 / x.size, 0.01, N_FRAMES_1D, DT_SAVE), x, "Nu", 0.01)
     return [adv, burg]
 
@@ -279,10 +311,15 @@ def synth_diffreact(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> Pa
     return path
 
 
-def synthesize(out_dir: Path, seed: int = 0, *, small: bool = True) -> list[Path]:
-    """Write the demo files into ``out_dir`` (created) and return their paths."""
+def synthesize(
+    out_dir: Path, seed: int = 0, *, small: bool = True, sizes: Sizes | None = None
+) -> list[Path]:
+    """Write the demo files into ``out_dir`` (created) and return their paths.
+
+    ``sizes`` overrides ``small`` (tests use tiny grids).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    sizes = SMALL if small else FULL_GRID
+    sizes = sizes or (SMALL if small else FULL_GRID)
     rngs = [np.random.default_rng([seed, i]) for i in range(3)]
     paths = synth_1d(out_dir, rngs[0], sizes)
     paths.append(synth_darcy(out_dir, rngs[1], sizes))
