@@ -177,9 +177,7 @@ CASES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_trainer_exits_2_naming_the_key(
-    make_config: MakeConfig, tmp_path: Path, case: str
-) -> None:
+def test_trainer_exits_2_naming_the_key(make_config: MakeConfig, tmp_path: Path, case: str) -> None:
     """Each kind of config mistake makes ``python -m ups.train.main`` exit 2 with one
     error event naming the key, before a run directory or a process group exists."""
     sections, overrides, expected = CASES[case]
