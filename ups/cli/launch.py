@@ -35,6 +35,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
     p.add_argument("--skip-preflight", action="store_true")
     p.add_argument("--preflight-strict", action="store_true", help="preflight warnings stop it")
+    p.add_argument(
+        "--preflight-skip",
+        action="append",
+        default=[],
+        metavar="CHECK",
+        help="leave out a preflight check or group (repeatable), e.g. allreduce",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
     p.add_argument("--script", help="a torchrun-compatible script to run instead of the trainer")
     return p
@@ -66,6 +73,7 @@ def main(argv: list[str]) -> int:
             master_port=args.master_port,
             skip_preflight=args.skip_preflight,
             preflight_strict=args.preflight_strict,
+            preflight_skip=args.preflight_skip,
         )
         # Missing data files are preflight's to report in detail; without it, fail here.
         cfg: Config | None = None

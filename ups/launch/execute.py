@@ -28,13 +28,22 @@ def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
 
 
 def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
-    level = log.info if outcome.outcome == "finished" and code == 0 else log.error
+    """The last line launch prints: how the run ended, from outcome.json."""
+    extra = {}
+    if outcome.outcome == "finished" and code == 0:
+        level = log.info
+    elif outcome.outcome == "preempted":
+        level = log.warning
+        extra["resume"] = f"run the same ups launch command with --run-id {plan.run_id}"
+    else:
+        level = log.error
     level(
         f"run {outcome.outcome}",
         outcome=outcome.outcome,
         reason=outcome.reason,
         run_dir=plan.run_dir,
         exit_code=code,
+        **extra,
     )
 
 

@@ -32,7 +32,7 @@ def preflight_options(plan: LaunchPlan, cfg: Config | None, gpu_count: int) -> P
         expected_gpus=plan.nproc_per_node if gpu_count > 0 else None,
         master_port=plan.master_port,
         port_fallback=not plan.multi_node,
-        skip=[] if plan.rdzv_host else ["ports"],
+        skip=[*plan.preflight_skip, *([] if plan.rdzv_host else ["ports"])],
         strict=plan.preflight_strict,
     )
 

@@ -43,6 +43,8 @@ class LaunchRequest:
     master_port: int | None = None
     skip_preflight: bool = False
     preflight_strict: bool = False
+    preflight_skip: list[str] = field(default_factory=list)
+    """Preflight checks (or groups) to leave out, e.g. ``allreduce`` on a quick relaunch."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -102,6 +104,7 @@ class LaunchPlan:
     """Variables launch adds to (or defaults in) the workers' environment."""
     preflight: bool
     preflight_strict: bool
+    preflight_skip: list[str]
     log_path: str
     result_path: str
     """Where the torchrun child writes its small JSON result (failures by rank)."""
@@ -245,6 +248,7 @@ def build_plan(
         env=_worker_env(run_id, str(run_dir), gpu_count, environ),
         preflight=not req.skip_preflight,
         preflight_strict=req.preflight_strict,
+        preflight_skip=list(req.preflight_skip),
         log_path=str(run_dir / "logs" / "launch.log"),
         result_path=str(run_dir / "torchelastic" / f"node{req.node_rank}-result.json"),
     )

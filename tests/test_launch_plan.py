@@ -1,0 +1,205 @@
+"""`ups launch` without processes: the plan, outcome finalization, the tee and `latest`."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from preflight.checks.ports import pick_free_port
+from ups.cli.launch import main as launch_main
+from ups.config import load_config
+from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
+from ups.launch.plan import LaunchPlan, LaunchRequest, build_plan
+from ups.launch.rundir import point_latest
+from ups.launch.runner import TorchrunResult, WorkerFailure
+from ups.launch.tee import LineTee
+from ups.outcome import EXIT_CONFIG, Outcome, read_outcome, write_outcome
+
+
+def _plan(tmp_path: Path, **kw: object) -> LaunchPlan:
+    req = LaunchRequest(script="train.py", output_dir=str(tmp_path / "runs"), **kw)  # type: ignore[arg-type]
+    return build_plan(req, None, gpu_count=0, pick_port=lambda p: p, environ={})
+
+
+def test_dry_run_prints_the_plan_as_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ups launch --script S --dry-run -- args` prints a JSON plan (ids, torchrun argv, env,
+    ports) and exits 0 without creating the run directory."""
+    out = tmp_path / "runs"
+    argv = ["--script", "my_train.py", "--output-dir", str(out), "--run-id", "r1"]
+    argv += ["--master-port", str(pick_free_port(0)), "--dry-run", "--", "--lr", "0.1"]
+    assert launch_main(argv) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["run_id"] == "r1"
+    assert plan["run_dir"] == str(out / "r1")
+    assert plan["nproc_per_node"] == 2 and plan["nproc_source"] == "cpu-default"
+    assert plan["world_size"] == 2
+    argv_ = plan["torchrun_argv"]
+    assert "--rdzv-backend=static" in argv_
+    assert f"--rdzv-endpoint=127.0.0.1:{plan['master_port']}" in argv_
+    assert f"--log-dir={out / 'r1' / 'torchelastic'}" in argv_
+    assert argv_[-3:] == ["my_train.py", "--lr", "0.1"]
+    assert plan["env"]["UPS_RUN_ID"] == "r1"
+    assert plan["env"]["UPS_RUN_DIR"] == str(out / "r1")
+    assert plan["env"]["PYTHONFAULTHANDLER"] == "1"
+    assert plan["env"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert not out.exists()
+
+
+def test_trainer_plan_passes_config_overrides_and_run_id(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """With a CONFIG, workers run `python -m ups.train.main CONFIG --set ...` with the user's
+    overrides plus the run id, and nproc comes from distributed.nproc_per_node."""
+    path = make_config(distributed={"nproc_per_node": 3})
+    cfg = load_config(path, ["training.lr=0.01"])
+    req = LaunchRequest(config_path=str(path), overrides=["training.lr=0.01"], run_id="abc")
+    plan = build_plan(req, cfg, gpu_count=0, pick_port=lambda p: p, environ={})
+    assert plan.nproc_per_node == 3 and plan.nproc_source == "config"
+    assert plan.worker_argv == [
+        "-m", "ups.train.main", str(path), "--set", "training.lr=0.01", "--set", "run.run_id=abc",
+    ]  # fmt: skip
+    assert plan.run_dir == str(tmp_path / "runs" / "abc")
+    assert plan.master_port_preferred == cfg.distributed.master_port
+
+
+def test_nproc_flag_beats_config_and_gpus_beat_cpu_default(tmp_path: Path) -> None:
+    """--nproc-per-node wins; without flag or config a GPU host gets one worker per GPU."""
+    assert _plan(tmp_path, nproc_per_node=5).nproc_per_node == 5
+    req = LaunchRequest(script="t.py", output_dir=str(tmp_path))
+    gpu_plan = build_plan(req, None, gpu_count=4, pick_port=lambda p: p, environ={})
+    assert (gpu_plan.nproc_per_node, gpu_plan.nproc_source) == (4, "gpus")
+    assert "OMP_NUM_THREADS" not in gpu_plan.env
+
+
+def test_taken_master_port_is_switched_in_the_plan(tmp_path: Path) -> None:
+    """A master port held by a real socket is replaced by a free one, and the plan says why."""
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        req = LaunchRequest(script="t.py", output_dir=str(tmp_path), master_port=port)
+        plan = build_plan(req, None, gpu_count=0, pick_port=pick_free_port, environ={})
+    assert plan.master_port_preferred == port
+    assert plan.master_port != port
+    assert plan.port_note and str(port) in plan.port_note
+    assert f"--rdzv-endpoint=127.0.0.1:{plan.master_port}" in plan.torchrun_argv
+
+
+def test_multi_node_needs_endpoint_and_shared_run_id(tmp_path: Path) -> None:
+    """Several nodes: no --rdzv-endpoint or no fixed run id is a user error naming the fix;
+    a valid request plans node ranks and keeps the shared endpoint unchanged."""
+    with pytest.raises(ValueError, match="--rdzv-endpoint"):
+        LaunchRequest(script="t.py", nnodes=2)
+    with pytest.raises(ValueError, match="--run-id"):
+        _plan(tmp_path, nnodes=2, rdzv_endpoint="127.0.0.1:1234")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        LaunchRequest(script="t.py", nnodes=2, rdzv_endpoint="nohost")
+    plan = _plan(tmp_path, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:1234", run_id="x")
+    assert plan.world_size == 4 and not plan.rdzv_host
+    assert "--node-rank=1" in plan.torchrun_argv
+    assert "--rdzv-endpoint=10.0.0.1:1234" in plan.torchrun_argv
+
+
+def test_cli_reports_bad_flags_with_config_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither CONFIG nor --script: exit 2 (bad config/flags) with a message, nothing started."""
+    assert launch_main(["--dry-run"]) == EXIT_CONFIG
+    assert "CONFIG" in capsys.readouterr().err
+
+
+def _failure(rank: int, **kw: object) -> WorkerFailure:
+    base: dict[str, object] = {
+        "local_rank": rank, "exitcode": 1, "signal": None, "error_file": None,
+        "message": "", "timestamp": 100,
+    }  # fmt: skip
+    base.update(kw)
+    return WorkerFailure(rank=rank, **base)  # type: ignore[arg-type]
+
+
+def test_segfault_without_trainer_outcome_is_named(tmp_path: Path) -> None:
+    """A rank killed by SIGSEGV that wrote nothing: outcome.json names the rank, the signal,
+    and points at where its output went; the exit code is torchrun's."""
+    plan = _plan(tmp_path)
+    Path(plan.run_dir).mkdir(parents=True)
+    result = TorchrunResult(
+        rc=1,
+        status="failed",
+        failures=[_failure(0, exitcode=-15, signal="SIGTERM", timestamp=90),
+                  _failure(1, exitcode=-11, signal="SIGSEGV")],
+    )  # fmt: skip
+    outcome = finalize_outcome(plan, result)
+    assert (outcome.outcome, outcome.failed_rank, outcome.signal) == ("failed", 1, "SIGSEGV")
+    assert "rank 1 died with SIGSEGV" in outcome.reason
+    assert outcome.traceback == plan.log_path
+    assert read_outcome(Path(plan.run_dir)) == outcome
+    assert exit_code(outcome, result.rc) == 1
+
+
+def test_trainer_outcome_is_kept_and_amended(tmp_path: Path) -> None:
+    """The trainer's own outcome wins; a failure without a rank gets torchrun's rank added;
+    a "finished" contradicted by a crashed rank becomes "failed"; preempted exits 75."""
+    plan = _plan(tmp_path)
+    run_dir = Path(plan.run_dir)
+    crash = TorchrunResult(rc=1, status="failed", failures=[_failure(1, message="ValueError: x")])
+
+    write_outcome(run_dir, Outcome(run_id="r", outcome="failed", exit_code=1, reason="oom"))
+    amended = finalize_outcome(plan, crash)
+    assert (amended.reason, amended.failed_rank) == ("oom", 1)
+
+    write_outcome(run_dir, Outcome(run_id="r", outcome="finished", exit_code=0, reason="ok"))
+    contradicted = finalize_outcome(plan, crash)
+    assert contradicted.outcome == "failed" and "ValueError: x" in contradicted.reason
+
+    write_outcome(run_dir, Outcome(run_id="r", outcome="preempted", exit_code=75, reason="term"))
+    preempted = finalize_outcome(plan, TorchrunResult(rc=1, status="failed"))
+    assert preempted.outcome == "preempted" and exit_code(preempted, 1) == 75
+
+
+def test_previous_outcome_is_set_aside_on_resume(tmp_path: Path) -> None:
+    """Relaunching a run id moves the old outcome.json away, so a crash of the new attempt
+    is never reported with the old attempt's "finished" or "preempted"."""
+    write_outcome(tmp_path, Outcome(run_id="r", outcome="preempted", exit_code=75, reason="t"))
+    moved = set_aside_previous_outcome(tmp_path)
+    assert moved is not None and moved.exists()
+    assert read_outcome(tmp_path) is None
+
+
+def test_finished_is_never_reported_for_a_non_zero_exit() -> None:
+    """An outcome that is not "finished" never exits 0, whatever torchrun returned."""
+    failed = Outcome(run_id="r", outcome="failed", exit_code=3, reason="x")
+    assert exit_code(failed, 0) == 3
+    assert exit_code(Outcome(run_id="r", outcome="finished", exit_code=0, reason=""), 0) == 0
+
+
+def test_tee_writes_raw_lines_to_file_and_renders_for_terminals(tmp_path: Path) -> None:
+    """Every line lands raw in launch.log; a terminal gets JSON events rendered for people,
+    and partial writes are joined into whole lines."""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    console = Tty()
+    with LineTee(tmp_path / "logs" / "launch.log", console) as tee:
+        tee.write('{"event": "train_step", "level": "info", "step": 3}\nplain ')
+        tee.write("torchrun line\n")
+    lines = (tmp_path / "logs" / "launch.log").read_text().splitlines()
+    assert lines == ['{"event": "train_step", "level": "info", "step": 3}', "plain torchrun line"]
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", console.getvalue())  # drop colour codes
+    assert "train_step" in shown and "step=3" in shown and '{"event"' not in shown
+
+
+def test_latest_points_at_the_newest_run(tmp_path: Path) -> None:
+    """`<output_dir>/latest` is a relative symlink repointed to each new run."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        link = point_latest(tmp_path / name)
+    assert link.is_symlink() and link.readlink() == Path("b")
+    assert link.resolve() == (tmp_path / "b").resolve()
