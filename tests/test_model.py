@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from ups.config import ModelConfig
 from ups.model import LatentOperator, TaskShape, build_model, model_problems
@@ -45,9 +46,11 @@ def test_forward_on_a_subset_of_tasks() -> None:
 def _zero_decoders(model: LatentOperator) -> None:
     with torch.no_grad():
         for decoder in model.decoders.values():
-            decoder.proj.weight.zero_()
-            assert decoder.proj.bias is not None
-            decoder.proj.bias.zero_()
+            proj = decoder.proj
+            assert isinstance(proj, nn.ConvTranspose1d | nn.ConvTranspose2d)
+            assert proj.bias is not None
+            proj.weight.zero_()
+            proj.bias.zero_()
 
 
 def test_time_tasks_predict_input_plus_change() -> None:

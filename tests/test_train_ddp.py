@@ -115,7 +115,7 @@ def test_ranks_train_on_disjoint_shards_covering_the_split(ddp_run: DDPRun) -> N
     assert start["steps_per_epoch"] == steps_per_epoch == 7
     assert sorted(ids[0]) == sorted(ids[1]) == list(range(EPOCHS * steps_per_epoch))
 
-    checked = defaultdict(int)
+    checked: dict[str, int] = defaultdict(int)
     for task, n in TRAIN_PAIRS.items():
         per_rank = math.ceil(n / WORLD)
         padding = per_rank * WORLD - n
@@ -195,7 +195,8 @@ def test_exactly_one_wandb_run_finished_with_the_loss(ddp_run: DDPRun) -> None:
     assert wb.exit_code == 0
     logged = [h for h in wb.history if "train/loss" in h]
     assert len(logged) == EPOCHS * 7
-    assert logged[-1]["train/loss"] < logged[0]["train/loss"]
+    first, last = logged[0]["train/loss"], logged[-1]["train/loss"]
+    assert isinstance(first, float) and isinstance(last, float) and last < first
     assert wb.summary["eval/darcy/samples"] == TEST_PAIRS["darcy"]
 
 
