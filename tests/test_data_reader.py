@@ -194,3 +194,22 @@ def test_dataset_pickles_without_handle(tmp_path: Path) -> None:
     assert copy._file is None and copy._cache is None
     assert torch.equal(copy[3][0], first[0])
     ds.close()
+
+
+def test_data_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ups data check` prints one line per task and exits 1 naming the broken file and key."""
+    from ups.cli.data import main
+
+    good = write_single_1d(tmp_path / "good.h5")
+    bad = write_single_1d(tmp_path / "bad.h5", **{"x-coordinate": None})
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "tasks:\n"
+        f"  - {{name: adv, layout: single_1d, path: {good}}}\n"
+        f"  - {{name: burgers, layout: single_1d, path: {bad}}}\n"
+    )
+    assert main(["check", str(config), "--set", "tasks.1.path=" + str(good)]) == 0
+    assert main(["check", str(config)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    assert "data ok" in lines[2] and "'x-coordinate'" in lines[3] and "bad.h5" in lines[3]
