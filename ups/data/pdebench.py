@@ -30,9 +30,9 @@ Split = Literal["train", "test"]
 PRELOAD_MAX_BYTES = 256 * 2**20
 """A split whose reduced arrays fit in this many bytes is read into memory once per process.
 
-Measured on the demo files (2 shared CPU cores): an item read from memory costs ~3 us, a
-per-item HDF5 slice read 170 us (advection) to 340 us (Darcy), and reading a whole demo
-split takes 35-70 ms. Bigger splits (full PDEBench files are several GB) are read one slice
+Measured on the demo files (2 shared CPU cores): an item from memory costs 3-9 us, a per-item
+HDF5 read 50-60 us (with dataset handles cached; 170-340 us without), and reading a whole
+demo split 30-60 ms. Bigger splits (full PDEBench files are several GB) are read one slice
 per item instead, so memory stays bounded.
 """
 
@@ -270,7 +270,8 @@ class PDEBenchDataset(Dataset[tuple[Tensor, Tensor, int]]):
         self.preload = sample_bytes * len(self.samples) <= preload_max_bytes
         self._file: h5py.File | None = None
         self._pid = -1
-        self._groups: list[str] = []
+        self._arrays: dict[str, h5py.Dataset] = {}
+        self._groups: list[h5py.Dataset] = []
         self._cache: tuple[np.ndarray, ...] | None = None
 
     def __len__(self) -> int:
@@ -278,14 +279,14 @@ class PDEBenchDataset(Dataset[tuple[Tensor, Tensor, int]]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_file=None, _pid=-1, _cache=None)
+        state.update(_file=None, _pid=-1, _cache=None, _arrays={}, _groups=[])
         return state
 
     def close(self) -> None:
         """Close this process's file handle and drop the in-memory split."""
         if self._file is not None and self._pid == os.getpid():
             self._file.close()
-        self._file, self._pid, self._cache = None, -1, None
+        self._file, self._pid, self._cache, self._arrays, self._groups = None, -1, None, {}, []
 
     def _handle(self) -> h5py.File:
         if self._file is None or self._pid != os.getpid():
@@ -293,21 +294,23 @@ class PDEBenchDataset(Dataset[tuple[Tensor, Tensor, int]]):
             self._file = h5py.File(self.info.path, "r")
             self._pid = os.getpid()
             self._cache = None
+            # Dataset objects are looked up once: a lookup costs more than a small read.
+            self._arrays = {k: v for k, v in self._file.items() if isinstance(v, h5py.Dataset)}
             if self.task.layout == "groups_2d":
-                self._groups = _sample_groups(self._file)
+                self._groups = [self._file[g]["data"] for g in _sample_groups(self._file)]
         return self._file
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor, int]:
         if not 0 <= i < len(self):
             raise IndexError(f"index {i} out of range for {len(self)} pairs")
-        f = self._handle()
+        self._handle()
         sample, t = divmod(i, self.info.pairs_per_sample)
         if self.preload:
             if self._cache is None:
-                self._cache = self._read_split(f)
+                self._cache = self._read_split()
             x, y = self._cached_pair(sample, t)
         else:
-            x, y = self._read_pair(f, self.samples[sample], t)
+            x, y = self._read_pair(self.samples[sample], t)
         return _tensor(x), _tensor(y), i
 
     # Reading. Sample numbers below are positions after reduced_batch.
@@ -315,15 +318,17 @@ class PDEBenchDataset(Dataset[tuple[Tensor, Tensor, int]]):
     def _raw(self, sample: int) -> int:
         return sample * self.task.reduced_batch
 
-    def _read_pair(self, f: h5py.File, sample: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+    def _read_pair(self, sample: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        # Contiguous reads reduced in memory: faster than HDF5 strided selections.
         rr, rt, n = self.task.reduced_resolution, self.task.reduced_resolution_t, self._raw(sample)
         if self.task.layout == "darcy_2d":
-            return f["nu"][n, ::rr, ::rr][None], f["tensor"][n, 0, ::rr, ::rr][None]
-        frames = slice(t * rt, t * rt + rt + 1, rt)
+            nu, u = self._arrays["nu"][n], self._arrays["tensor"][n, 0]
+            return nu[None, ::rr, ::rr], u[None, ::rr, ::rr]
+        frames = slice(t * rt, t * rt + rt + 1)
         if self.task.layout == "single_1d":
-            pair = f["tensor"][n, frames, ::rr][:, None]
+            pair = self._arrays["tensor"][n, frames][::rt, None, ::rr]
         else:
-            pair = np.moveaxis(f[self._groups[n]]["data"][frames, ::rr, ::rr, :], -1, 1)
+            pair = np.moveaxis(self._groups[n][frames][::rt, ::rr, ::rr, :], -1, 1)
         return pair[0], pair[1]
 
     def _cached_pair(self, sample: int, t: int) -> tuple[np.ndarray, np.ndarray]:
@@ -334,21 +339,21 @@ class PDEBenchDataset(Dataset[tuple[Tensor, Tensor, int]]):
         (u,) = self._cache
         return u[sample, t], u[sample, t + 1]
 
-    def _read_split(self, f: h5py.File) -> tuple[np.ndarray, ...]:
+    def _read_split(self) -> tuple[np.ndarray, ...]:
         """The split's reduced arrays: steady (nu, u) as (S, 1, H, W); else u as (S, T', C, ...).
 
-        One contiguous read per sample, reduced in memory: faster than HDF5 strided selections.
+        One contiguous read per sample, reduced in memory.
         """
         rt, rr = self.task.reduced_resolution_t, self.task.reduced_resolution
         raws = [self._raw(s) for s in self.samples]
         if self.task.layout == "darcy_2d":
-            nu = np.stack([f["nu"][n][::rr, ::rr] for n in raws])[:, None]
-            u = np.stack([f["tensor"][n][:, ::rr, ::rr] for n in raws])
+            nu = np.stack([self._arrays["nu"][n][::rr, ::rr] for n in raws])[:, None]
+            u = np.stack([self._arrays["tensor"][n][:, ::rr, ::rr] for n in raws])
             return np.ascontiguousarray(nu), np.ascontiguousarray(u)
         if self.task.layout == "single_1d":
-            u = np.stack([f["tensor"][n][::rt, ::rr] for n in raws])[:, :, None]
+            u = np.stack([self._arrays["tensor"][n][::rt, ::rr] for n in raws])[:, :, None]
             return (np.ascontiguousarray(u),)
-        datas = [f[self._groups[n]]["data"][()][::rt, ::rr, ::rr, :] for n in raws]
+        datas = [self._groups[n][()][::rt, ::rr, ::rr, :] for n in raws]
         return (np.ascontiguousarray(np.moveaxis(np.stack(datas), -1, 2)),)
 
 
