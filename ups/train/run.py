@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import hashlib
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,6 +46,14 @@ def task_shapes(infos: dict[str, TaskInfo]) -> list[TaskShape]:
         TaskShape(i.name, i.channels, i.channels, tuple(i.spatial), i.steady)
         for i in infos.values()
     ]
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's bytes: equal on every rank when the replicas agree."""
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _agree_run_id(cfg: Config, env: DistEnv) -> str:
@@ -91,7 +100,8 @@ def _failure(
     exc: BaseException, cfg: Config, env: DistEnv, step: int | None, run_id: str
 ) -> Outcome:
     failed_rank: int | None = env.rank
-    text = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+    # First sentence only: gloo appends a paragraph of advice (and an emoji) to its errors.
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0].split(". ")[0][:300]
     reason = f"rank {env.rank} failed at step {step}: {text}"
     if isinstance(exc, TooManySkips):
         reason = str(exc)
@@ -182,6 +192,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             device=str(device),
         )
         result = trainer.run()
+        log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
         checkpoint = trainer.save()
         dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
         if result == "preempted":
@@ -193,6 +204,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
                 f"{trainer.state.step - 1}; run the same command again to resume",
                 step=trainer.state.step,
                 world_size=env.world_size,
+                signal=stop.signal_name,
                 checkpoint=str(checkpoint) if checkpoint else None,
             )
             _finish(outcome, env, run_dir, tracker)

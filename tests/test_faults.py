@@ -1,0 +1,147 @@
+"""The fault matrix (issue 3): each fault injected into real torchrun workers (gloo, CPU)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import only_run_dir, parse_events, rank_events, torchrun
+from tests.wandb_offline import find_wandb_files, read_offline_run
+from ups.outcome import EXIT_PREEMPTED, read_outcome
+from ups.train.checkpoint import list_checkpoints, load_checkpoint
+
+pytestmark = pytest.mark.slow
+
+
+def _events(run_dir: Path, rank: int, name: str) -> list[dict]:
+    return [e for e in rank_events(run_dir, rank) if e["event"] == name]
+
+
+def _wandb_exit_code(run_dir: Path) -> int | None:
+    files = find_wandb_files(run_dir)
+    assert len(files) == 1, f"expected rank 0's single offline W&B run, found {files}"
+    return read_offline_run(files[0]).exit_code
+
+
+def _assert_no_finished(run_dir: Path, stdout: str) -> None:
+    for rank in (0, 1):
+        outcomes = _events(run_dir, rank, "outcome")
+        assert all(e["outcome"] != "finished" for e in outcomes)
+    assert all(e.get("outcome") != "finished" for e in parse_events(stdout))
+
+
+def test_oom_on_one_rank_skips_that_step_on_every_rank(make_config, tmp_path):
+    """An OOM on rank 1 at step 3: both ranks skip exactly step 3, the run finishes, replicas agree."""
+    cfg = make_config(training={"max_steps": 8})
+    result = torchrun(cfg, env={"UPS_FAULTS": "oom@1:3"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    for rank in (0, 1):
+        skipped = _events(run_dir, rank, "step_skipped")
+        assert [e["step"] for e in skipped] == [3]
+        assert skipped[0]["oom_ranks"] == [1]
+    digests = {rank: _events(run_dir, rank, "replica_digest")[-1]["sha256"] for rank in (0, 1)}
+    assert digests[0] == digests[1]
+    outcome = read_outcome(run_dir)
+    assert outcome is not None and outcome.outcome == "finished" and "1 skipped" in outcome.reason
+    assert _wandb_exit_code(run_dir) == 0
+
+
+def test_too_many_consecutive_skips_fails_clearly(make_config, tmp_path):
+    """OOMs on consecutive steps past training.max_consecutive_skips fail the run on every rank."""
+    cfg = make_config(training={"max_steps": 10, "max_consecutive_skips": 2})
+    result = torchrun(cfg, env={"UPS_FAULTS": "oom@1:2,oom@0:3"})
+    assert result.returncode != 0
+    run_dir = only_run_dir(tmp_path / "runs")
+    outcome = read_outcome(run_dir)
+    assert outcome is not None and outcome.outcome == "failed"
+    assert "max_consecutive_skips=2" in outcome.reason
+    _assert_no_finished(run_dir, result.stdout)
+    assert _wandb_exit_code(run_dir) == 1
+
+
+@pytest.mark.parametrize("kind", ["exception", "segfault"])
+def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_path, kind):
+    """A Python exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
+    cfg = make_config(training={"max_steps": 20})
+    started = time.monotonic()
+    result = torchrun(cfg, env={"UPS_FAULTS": f"{kind}@1:3"})
+    elapsed = time.monotonic() - started
+    assert result.returncode != 0
+    assert elapsed < 90, f"took {elapsed:.0f}s to notice a dead rank"
+    run_dir = only_run_dir(tmp_path / "runs")
+    outcome = read_outcome(run_dir)
+    assert outcome is not None and outcome.outcome == "failed" and outcome.exit_code != 0
+    assert outcome.failed_rank == 1
+    assert outcome.traceback is not None and outcome.traceback.endswith("rank1.jsonl")
+    rank1_log = (run_dir / "logs" / "rank1.jsonl").read_text()
+    if kind == "segfault":
+        assert (
+            "Fatal Python error: Segmentation fault" in rank1_log
+        )  # faulthandler, in rank 1's log
+        assert "SIGSEGV" in result.stderr  # torchrun's summary names the signal
+    else:
+        failed = _events(run_dir, 1, "rank_failed")
+        assert failed and "injected exception" in failed[0]["error"]
+        assert "Traceback" in failed[0]["exception"]
+    _assert_no_finished(run_dir, result.stdout)
+    assert _wandb_exit_code(run_dir) == 1  # failed, not crashed and not finished
+
+
+def test_hung_rank_times_out_within_the_collective_timeout(make_config, tmp_path):
+    """Rank 1 sleeps forever before step 3: rank 0 gives up after collective_timeout_s and names it."""
+    cfg = make_config(training={"max_steps": 20}, distributed={"collective_timeout_s": 5})
+    result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:3"})
+    assert result.returncode != 0
+    run_dir = only_run_dir(tmp_path / "runs")
+    failed = [e for e in rank_events(run_dir, 0) if e["event"] == "outcome"][-1]
+    injected = [e for e in rank_events(run_dir, 1) if e["event"] == "fault_injected"][-1]
+    waited = _seconds_between(injected["timestamp"], failed["timestamp"])
+    assert 4 <= waited < 20, f"rank 0 gave up {waited:.1f}s after the hang (timeout 5 s)"
+    outcome = read_outcome(run_dir)
+    assert outcome is not None and outcome.outcome == "failed"
+    assert "collective_timeout_s=5s" in outcome.reason and "[1]" in outcome.reason
+    assert outcome.failed_rank == 1
+
+
+def _seconds_between(a: str, b: str) -> float:
+    from datetime import datetime
+
+    return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
+
+
+def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
+    step, path = list_checkpoints(run_dir / "checkpoints")[-1]
+    return load_checkpoint(path)["model"]
+
+
+def test_preemption_checkpoints_and_resume_matches_an_uninterrupted_run(make_config, tmp_path):
+    """SIGTERM at step 5 stops every rank at one step; the same command resumes to identical weights."""
+    straight = make_config(training={"max_steps": 12}, run={"output_dir": str(tmp_path / "a")})
+    assert torchrun(straight).returncode == 0
+    reference = _final_model(only_run_dir(tmp_path / "a"))
+
+    cfg = make_config(training={"max_steps": 12}, run={"output_dir": str(tmp_path / "b")})
+    first = torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:5"})
+    assert first.returncode != 0
+    run_dir = only_run_dir(tmp_path / "b")
+    outcome = read_outcome(run_dir)
+    assert outcome is not None and outcome.outcome == "preempted"
+    assert outcome.exit_code == EXIT_PREEMPTED and outcome.signal == "SIGTERM"
+    stops = [_events(run_dir, rank, "preempt_stop")[0]["step"] for rank in (0, 1)]
+    assert stops[0] == stops[1] == outcome.step
+    assert Path(outcome.checkpoint or "").is_file()
+    assert _wandb_exit_code(run_dir) == EXIT_PREEMPTED
+
+    second = torchrun(cfg)  # the same command again
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert only_run_dir(tmp_path / "b") == run_dir  # continued the same run
+    resumed = [e for e in parse_events(second.stdout) if e["event"] == "resumed"]
+    assert resumed and resumed[0]["step"] == outcome.step
+    final = _final_model(run_dir)
+    assert final.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(final[name], tensor), f"{name} differs after resume"
