@@ -1,0 +1,91 @@
+"""Helpers for the `ups launch` tests: run the real CLI, tiny torchrun-compatible scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import PYTHON, REPO, parse_events, worker_env
+
+ALLREDUCE = """
+import json, os
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(json.dumps({"event": "allreduced", "rank": dist.get_rank(), "sum": t.item(),
+                  "world_size": dist.get_world_size(), "master_port": os.environ["MASTER_PORT"],
+                  "run_id": os.environ["UPS_RUN_ID"]}), flush=True)
+dist.destroy_process_group()
+"""
+
+RAISE_ON_RANK1 = """
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise RuntimeError("boom on rank 1")
+    dist.barrier()
+
+main()
+"""
+
+SEGFAULT_ON_RANK1 = """
+import os, signal
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGSEGV)
+dist.barrier()
+"""
+
+PREEMPTED = """
+import json, os, sys
+from pathlib import Path
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 0:
+    run_dir = Path(os.environ["UPS_RUN_DIR"])
+    (run_dir / "outcome.json").write_text(json.dumps({
+        "run_id": os.environ["UPS_RUN_ID"], "outcome": "preempted", "exit_code": 75,
+        "reason": "SIGTERM received; checkpoint written"}))
+dist.barrier()
+dist.destroy_process_group()
+sys.exit(75)
+"""
+
+
+def write_script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def launch_cmd(*args: str) -> list[str]:
+    return [PYTHON, "-m", "ups", "launch", *args]
+
+
+def run_launch(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """Run `ups launch ARGS` to completion (stdout is a pipe, so lines are raw JSON)."""
+    return subprocess.run(
+        launch_cmd(*args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=worker_env(),
+        cwd=REPO,
+    )
+
+
+def outcome_of(run_dir: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((run_dir / "outcome.json").read_text())
+    return data
+
+
+def events_named(text: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in parse_events(text) if e["event"] == name]

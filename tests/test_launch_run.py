@@ -1,0 +1,149 @@
+"""`ups launch` with real torchrun workers (gloo on CPU): success, failures, exit codes, gate."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import parse_events, write_advection
+from tests.launch_helpers import (
+    ALLREDUCE,
+    PREEMPTED,
+    RAISE_ON_RANK1,
+    SEGFAULT_ON_RANK1,
+    events_named,
+    outcome_of,
+    run_launch,
+    write_script,
+)
+
+pytestmark = pytest.mark.slow
+
+FAST_GATE = ("--preflight-skip", "allreduce")
+"""The all-reduce check takes ~8 s here and is tested in the preflight suite."""
+
+
+def test_script_success_tees_output_and_finishes(tmp_path: Path) -> None:
+    """A script that all-reduces on 2 ranks: exit 0, every worker line in launch.log and on
+    stdout, outcome "finished", `latest` pointing at the run, and the outcome printed last."""
+    script = write_script(tmp_path, "ok.py", ALLREDUCE)
+    out = tmp_path / "runs"
+    proc = run_launch("--script", str(script), "--output-dir", str(out), *FAST_GATE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = (out / "latest").resolve()
+    reduced = events_named(proc.stdout, "allreduced")
+    assert sorted(e["rank"] for e in reduced) == [0, 1]
+    assert all(e["sum"] == 3.0 and e["run_id"] == run_dir.name for e in reduced)
+    log_text = (run_dir / "logs" / "launch.log").read_text()
+    assert len(events_named(log_text, "allreduced")) == 2
+    assert "preflight OK" in log_text
+    assert outcome_of(run_dir)["outcome"] == "finished"
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (last["event"], last["outcome"], last["exit_code"]) == ("run finished", "finished", 0)
+    assert Path(last["run_dir"]).resolve() == run_dir
+
+
+def test_taken_master_port_is_replaced_and_the_run_succeeds(tmp_path: Path) -> None:
+    """The configured master port is held by a real socket: launch logs the switch, the
+    workers rendezvous on another port, and the run finishes."""
+    script = write_script(tmp_path, "ok.py", ALLREDUCE)
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run_launch(
+            "--script", str(script), "--output-dir", str(tmp_path / "runs"),
+            "--master-port", str(port), "--skip-preflight",
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    switched = events_named(proc.stdout, "master port switched")
+    assert switched and switched[0]["port"] != port
+    ports = {int(e["master_port"]) for e in events_named(proc.stdout, "allreduced")}
+    assert ports == {switched[0]["port"]}
+
+
+def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
+    """Rank 1 raises: launch exits 1 (torchrun's code), outcome.json is "failed" with
+    failed_rank 1, the exception text, and the rank's error file as traceback location."""
+    script = write_script(tmp_path, "fail.py", RAISE_ON_RANK1)
+    out = tmp_path / "runs"
+    proc = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    outcome = outcome_of((out / "latest").resolve())
+    assert (outcome["outcome"], outcome["failed_rank"]) == ("failed", 1)
+    assert "RuntimeError: boom on rank 1" in outcome["reason"]
+    assert Path(outcome["traceback"]).name == "error.json"
+    assert "boom on rank 1" in Path(outcome["traceback"]).read_text()
+    assert "finished" not in proc.stdout.strip().splitlines()[-1]
+
+
+def test_segfault_is_named_with_its_signal(tmp_path: Path) -> None:
+    """Rank 1 dies of SIGSEGV without writing anything: outcome.json names rank 1 and
+    SIGSEGV, and the faulthandler stack is in launch.log."""
+    script = write_script(tmp_path, "segv.py", SEGFAULT_ON_RANK1)
+    out = tmp_path / "runs"
+    proc = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = (out / "latest").resolve()
+    outcome = outcome_of(run_dir)
+    assert (outcome["failed_rank"], outcome["signal"]) == (1, "SIGSEGV")
+    assert "rank 1 died with SIGSEGV" in outcome["reason"]
+    log_text = (run_dir / "logs" / "launch.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in log_text
+    assert "segv.py" in log_text
+
+
+def test_preempted_outcome_sets_exit_code_75(tmp_path: Path) -> None:
+    """Workers that report "preempted" make launch exit 75, not torchrun's generic 1."""
+    script = write_script(tmp_path, "pre.py", PREEMPTED)
+    out = tmp_path / "runs"
+    proc = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight")
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["outcome"] == "preempted" and "--run-id" in last["resume"]
+
+
+def _torchrun_never_started(run_dir: Path) -> bool:
+    log_text = (run_dir / "logs" / "launch.log").read_text()
+    events = [e["event"] for e in parse_events(log_text)]
+    return "starting torchrun" not in events and not list(run_dir.glob("torchelastic/*"))
+
+
+def test_held_rendezvous_port_fails_preflight_before_torchrun(tmp_path: Path) -> None:
+    """Node 0 of a multi-node run cannot move the shared rendezvous port: when a socket
+    holds it, preflight fails, outcome.json says so, and torchrun never starts."""
+    script = write_script(tmp_path, "ok.py", ALLREDUCE)
+    out = tmp_path / "runs"
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run_launch(
+            "--script", str(script), "--output-dir", str(out), "--run-id", "mn",
+            "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            *FAST_GATE,
+        )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    outcome = outcome_of(out / "mn")
+    assert outcome["reason"] == "preflight failed: ports"
+    assert f"port {port} is taken" in proc.stdout
+    assert _torchrun_never_started(out / "mn")
+
+
+def test_truncated_data_file_fails_preflight_before_torchrun(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """A config whose HDF5 file is cut short stops at preflight's data check: non-zero exit,
+    outcome "preflight failed: data", torchrun never started."""
+    data = write_advection(tmp_path / "adv.hdf5", n=24, t=11, x=64)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    config = make_config(tasks=[{"name": "advection", "layout": "single_1d", "path": str(data)}])
+    proc = run_launch(str(config), "--run-id", "cut", *FAST_GATE)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = tmp_path / "runs" / "cut"
+    assert outcome_of(run_dir)["reason"] == "preflight failed: data"
+    assert _torchrun_never_started(run_dir)
