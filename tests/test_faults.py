@@ -34,7 +34,7 @@ def _assert_no_finished(run_dir: Path, stdout: str) -> None:
 
 
 def test_oom_on_one_rank_skips_that_step_on_every_rank(make_config, tmp_path):
-    """An OOM on rank 1 at step 3: both ranks skip exactly step 3, the run finishes, replicas agree."""
+    """OOM on rank 1 at step 3: both ranks skip exactly step 3, the run finishes, replicas agree."""
     cfg = make_config(training={"max_steps": 8})
     result = torchrun(cfg, env={"UPS_FAULTS": "oom@1:3"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -65,7 +65,7 @@ def test_too_many_consecutive_skips_fails_clearly(make_config, tmp_path):
 
 @pytest.mark.parametrize("kind", ["exception", "segfault"])
 def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_path, kind):
-    """A Python exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
+    """An exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
     cfg = make_config(training={"max_steps": 20})
     started = time.monotonic()
     result = torchrun(cfg, env={"UPS_FAULTS": f"{kind}@1:3"})
@@ -92,7 +92,7 @@ def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_pat
 
 
 def test_hung_rank_times_out_within_the_collective_timeout(make_config, tmp_path):
-    """Rank 1 sleeps forever before step 3: rank 0 gives up after collective_timeout_s and names it."""
+    """Rank 1 sleeps before step 3: rank 0 gives up after collective_timeout_s and names it."""
     cfg = make_config(training={"max_steps": 20}, distributed={"collective_timeout_s": 5})
     result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:3"})
     assert result.returncode != 0
@@ -114,12 +114,12 @@ def _seconds_between(a: str, b: str) -> float:
 
 
 def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
-    step, path = list_checkpoints(run_dir / "checkpoints")[-1]
+    _, path = list_checkpoints(run_dir / "checkpoints")[-1]
     return load_checkpoint(path)["model"]
 
 
 def test_preemption_checkpoints_and_resume_matches_an_uninterrupted_run(make_config, tmp_path):
-    """SIGTERM at step 5 stops every rank at one step; the same command resumes to identical weights."""
+    """SIGTERM at step 5 stops all ranks at one step; the same command resumes bit-exactly."""
     straight = make_config(training={"max_steps": 12}, run={"output_dir": str(tmp_path / "a")})
     assert torchrun(straight).returncode == 0
     reference = _final_model(only_run_dir(tmp_path / "a"))
