@@ -57,4 +57,20 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 """Names that select several checks in ``--only``/``--skip``."""
 
-__all__ = ["CHECKS", "GROUPS", "CheckSpec"]
+__all__ = [
+    "CHECKS",
+    "GROUPS",
+    "CheckSpec",
+    "allreduce",
+    "cache",
+    "data",
+    "disk",
+    "distenv",
+    "gpu",
+    "memory",
+    "ports",
+    "shm",
+    "ulimits",
+    "versions",
+    "wandb_creds",
+]

@@ -10,13 +10,38 @@ from preflight.units import GiB, human_bytes
 
 MIN_AVAILABLE = 2 * GiB
 """Below this, two ranks with DataLoader workers get OOM-killed at the first batches."""
-_CGROUP_FILES = (
-    (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory.current")),
-    (
-        Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
-        Path("/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ),
-)
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_limit_files() -> list[tuple[Path, Path]]:
+    """(limit, usage) file pairs of this process's memory cgroup and its ancestors.
+
+    Reads /proc/self/cgroup, so a container's (or a test's) own cgroup is found under
+    either cgroup v1 (``memory`` controller) or v2 (unified hierarchy).
+    """
+    pairs: list[tuple[Path, Path]] = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return pairs
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            mount = _CGROUP_ROOT / "memory"
+            limit, usage = "memory.limit_in_bytes", "memory.usage_in_bytes"
+        elif controllers == "":
+            unified = _CGROUP_ROOT / "unified"
+            mount = unified if unified.is_dir() else _CGROUP_ROOT
+            limit, usage = "memory.max", "memory.current"
+        else:
+            continue
+        d = mount / rel.lstrip("/")
+        while True:
+            pairs.append((d / limit, d / usage))
+            if d == mount or d == d.parent:
+                break
+            d = d.parent
+    return pairs
 
 
 def meminfo_available() -> int:
@@ -28,17 +53,17 @@ def meminfo_available() -> int:
 
 
 def cgroup_headroom() -> int | None:
-    """Bytes left under the cgroup memory limit, or None without a limit."""
-    for limit_file, usage_file in _CGROUP_FILES:
+    """Bytes left under the tightest cgroup memory limit, or None without a limit."""
+    headrooms = []
+    for limit_file, usage_file in _cgroup_limit_files():
         try:
             raw = limit_file.read_text().strip()
             usage = int(usage_file.read_text().strip())
         except (OSError, ValueError):
             continue
-        if raw == "max" or int(raw) >= 1 << 60:
-            return None
-        return max(0, int(raw) - usage)
-    return None
+        if raw != "max" and int(raw) < 1 << 60:  # v1 writes a huge number for "no limit"
+            headrooms.append(max(0, int(raw) - usage))
+    return min(headrooms, default=None)
 
 
 def run(ctx: Context) -> CheckResult:

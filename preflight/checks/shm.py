@@ -39,7 +39,7 @@ def run(ctx: Context) -> CheckResult:
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     nproc = ctx.nproc_per_node or 2
-    workers = ctx.cfg.training.num_workers if ctx.cfg else 2
+    workers = ctx.cfg.training.num_workers if ctx.cfg else 0
     need = required_bytes(nproc, workers)
     details = {
         "path": str(path),

@@ -1,0 +1,120 @@
+"""Versions vs pins.toml, and GPU visibility (real on this host; judged from NVML facts too)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from preflight import Status
+from preflight.checks.gpu import GpuFacts, evaluate
+from preflight.nvml import GpuInfo, NvmlFacts
+from preflight.pins import cudnn_string, matches
+from tests.conftest import REPO
+from tests.fixtures.preflight_helpers import run_check
+
+
+def test_repo_pins_match_this_torch() -> None:
+    """The repo's pins.toml matches the installed torch; CUDA parts skip on a CPU build."""
+    result = run_check("versions", pins_path=REPO / "pins.toml")
+    assert result.status is Status.PASS, result.message
+    components = result.details["components"]
+    assert components["torch"]["status"] == "pass"
+    if torch.version.cuda is None:
+        for name in ("cuda", "cudnn", "nccl"):
+            assert components[name]["status"] == "skip"
+            assert components[name]["reason"] == "not available (CPU build of torch)"
+
+
+def test_pin_mismatch_fails_showing_both_versions(tmp_path: Path) -> None:
+    """A torch pin that does not match fails and shows the pinned and running versions."""
+    pins = tomllib.loads((REPO / "pins.toml").read_text())
+    pins["versions"]["torch"] = "2.12.1"
+    path = tmp_path / "pins.toml"
+    path.write_text("[versions]\n" + "".join(f'{k} = "{v}"\n' for k, v in pins["versions"].items()))
+    result = run_check("versions", pins_path=path)
+    assert result.status is Status.FAIL
+    assert f"torch: pinned 2.12.1, running {torch.__version__}" in result.message
+    assert result.hint is not None and "pins.toml" in result.hint
+
+
+def test_missing_pins_file_fails(tmp_path: Path) -> None:
+    """A pins file that cannot be read is a failure with the --pins hint."""
+    result = run_check("versions", pins_path=tmp_path / "nope.toml")
+    assert result.status is Status.FAIL
+    assert result.hint is not None and "--pins" in result.hint
+
+
+def test_version_matching_rules() -> None:
+    """Pins match by leading components; local build tags are ignored; cuDNN codes decode."""
+    assert matches("2.13.0", "2.13.0+cu130")
+    assert matches("9", "9.10.2")
+    assert matches("13.0", "13.0")
+    assert not matches("13.0", "12.8")
+    assert not matches("2.13.0", "2.13.1")
+    assert cudnn_string(91002) == "9.10.2"
+    assert cudnn_string(8902) == "8.9.2"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the behaviour of a GPU-less host")
+def test_cpu_host_without_expected_gpus_skips() -> None:
+    """With no GPU expected, a CPU host skips the GPU check and says training uses gloo."""
+    result = run_check("gpu")
+    assert result.status is Status.SKIP
+    assert result.message == "no GPU on this host; training will use gloo on CPU"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the behaviour of a GPU-less host")
+def test_expected_gpus_missing_fails(make_config: Callable[..., Path]) -> None:
+    """Expecting GPUs (flag, or backend nccl in the config) on a host without any fails."""
+    result = run_check("gpu", expected_gpus=2)
+    assert result.status is Status.FAIL
+    assert "expected 2 GPU(s), torch sees 0" in result.message
+    config = make_config(distributed={"backend": "nccl", "nproc_per_node": 2})
+    assert run_check("gpu", config=config).status is Status.FAIL
+
+
+def _facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuFacts:
+    nvml = NvmlFacts(available=True, driver="570.1", cuda_driver=str(kw.pop("driver_cuda", "13.0")))
+    nvml.gpus = gpus
+    return GpuFacts(
+        torch_count=torch_count,
+        torch_cuda=str(kw.pop("torch_cuda", "13.0")),
+        visible_devices=kw.pop("visible", None),  # type: ignore[arg-type]
+        nvml=nvml,
+    )
+
+
+def _gpu(i: int, **kw: object) -> GpuInfo:
+    return GpuInfo(index=i, name="NVIDIA H100 80GB HBM3", memory_total=80 << 30,
+                   memory_free=79 << 30, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_gpu_judgement_from_nvml_facts() -> None:
+    """Healthy GPUs pass; torch/NVML disagreement, ECC errors, a too-old driver fail;
+    processes already holding GPU memory warn with the pids to kill."""
+    healthy = evaluate(_facts(2, [_gpu(0), _gpu(1)]), expected=2)
+    assert healthy.status is Status.PASS
+    assert "2 GPU(s) visible: NVIDIA H100 80GB HBM3" in healthy.message
+
+    mismatch = evaluate(_facts(1, [_gpu(0), _gpu(1)]), expected=2)
+    assert mismatch.status is Status.FAIL
+    assert "although NVML sees 2" in mismatch.message
+
+    masked = evaluate(_facts(1, [_gpu(0), _gpu(1)], visible="0"), expected=1)
+    assert masked.status is Status.PASS
+
+    ecc = evaluate(_facts(1, [_gpu(0, ecc_uncorrected=3)]), expected=1)
+    assert ecc.status is Status.FAIL and "3 uncorrected ECC errors" in ecc.message
+
+    old = evaluate(_facts(1, [_gpu(0)], driver_cuda="12.4"), expected=1)
+    assert old.status is Status.FAIL and "driver supports 12.4" in old.message
+
+    busy = evaluate(
+        _facts(1, [_gpu(0, processes=[{"pid": 4242, "used_bytes": 2 << 30}])]), expected=1
+    )
+    assert busy.status is Status.WARN
+    assert busy.hint is not None and "kill 4242" in busy.hint
