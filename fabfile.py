@@ -32,6 +32,7 @@ def _exit(fn: Callable[[], int]) -> None:
         "detach": "start and return without following",
         "skip-preflight": "do not run preflight first",
         "sync-wheel": "install this ups wheel remotely first (code-only change)",
+        "save": "also write the raw remote log to this local file",
     }
 )
 def deploy(
@@ -44,6 +45,7 @@ def deploy(
     detach: bool = False,
     skip_preflight: bool = False,
     sync_wheel: str | None = None,
+    save: str | None = None,
 ) -> None:
     """Preflight remotely, start the run detached, stream its log; exit with its exit code."""
     _exit(
@@ -56,6 +58,7 @@ def deploy(
             detach=detach,
             skip_preflight=skip_preflight,
             sync_wheel=sync_wheel,
+            save=save,
         )
     )
 

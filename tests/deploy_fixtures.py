@@ -173,3 +173,46 @@ def sshd(tmp_path: Path) -> Iterator[SshServer]:
         yield server
     finally:
         stop_sshd(server)
+
+
+FAB = VENV_BIN / "fab"
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo HDF5 files, synthesized once per session with the real ``ups data synth``."""
+    out = tmp_path_factory.mktemp("demo-data") / "demo"
+    subprocess.run(
+        [str(VENV_BIN / "ups"), "data", "synth", "--out", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return out
+
+
+def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:
+    """The repo's demo config, shortened to ``max_steps``, with data under ``data/demo``."""
+    cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    cfg["training"]["max_steps"] = max_steps
+    cfg["training"]["log_every"] = 5
+    cfg["checkpoint"]["every_steps"] = 10
+    cfg["wandb"]["mode"] = "disabled"
+    # Other suites on this machine use 29500; a free port keeps runs from colliding.
+    cfg["distributed"]["master_port"] = free_port()
+    for key, value in (extra or {}).items():
+        cfg[key] = value
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def link_data(workdir: Path, data: Path) -> None:
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    (workdir / "data" / "demo").symlink_to(data)
+
+
+def fab(*args: str, timeout: float = 240, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run the real ``fab`` binary from the venv in the repo root."""
+    return subprocess.run(
+        [str(FAB), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs
+    )

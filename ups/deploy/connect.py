@@ -15,6 +15,7 @@ from ups.deploy.hostkeys import (
     RecordFirstKeyPolicy,
     changed_key_message,
     fingerprint,
+    known_hosts_name,
     load_into,
 )
 from ups.deploy.hosts import HostSpec
@@ -82,7 +83,7 @@ def connect(
             conn.open()
         except paramiko.BadHostKeyException as err:
             conn.close()
-            name = err.hostname
+            name = known_hosts_name(conn.host, int(conn.port))
             raise HostKeyChanged(
                 changed_key_message(name, err.expected_key, err.key, known_hosts)
             ) from None

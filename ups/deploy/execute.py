@@ -116,7 +116,7 @@ def write_private(conn: Connection, path: str, text: str) -> None:
 
 def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
     r = plan.remote
-    result = _run(conn, f"mkdir -p {rc.q(r.state_dir)} {rc.q(r.run_dir)}", target.spec)
+    result = _run(conn, f"mkdir -p {rc.q(r.state_dir)}", target.spec)
     if result.exited != 0:
         raise DeployError(f"cannot create {r.state_dir} on {plan.host!r}: {result.stderr}")
     sftp = conn.sftp()
@@ -150,6 +150,7 @@ def deploy(
     env: dict[str, str],
     skip_preflight: bool,
     sync: Path | None = None,
+    mirror: Path | None = None,
 ) -> int:
     conn = target.connect()
     try:
@@ -176,7 +177,7 @@ def deploy(
     if not plan.follow:
         target.say(f"follow it with: fab logs --host {plan.host} --run {plan.run_id}")
         return 0
-    return follow(target, plan.remote)
+    return follow(target, plan.remote, mirror)
 
 
 def resolve_run(target: Target, conn: Connection, run_id: str | None) -> rc.RemoteRun:
@@ -192,8 +193,11 @@ def resolve_run(target: Target, conn: Connection, run_id: str | None) -> rc.Remo
             )
     probe = rc.RemoteRun(workdir=spec.workdir, run_id=run_id)
     output_dir = _run(conn, rc.read_file_command(probe.state("output_dir")), spec).stdout.strip()
-    run = rc.RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=output_dir or "runs")
-    if _run(conn, f"test -e {rc.q(run.state_dir)} -o -e {rc.q(run.run_dir)}", spec).exited:
+    deployed = _run(conn, f"test -e {rc.q(probe.state('pid'))}", spec).exited == 0
+    run = rc.RemoteRun(
+        workdir=spec.workdir, run_id=run_id, output_dir=output_dir or "runs", deployed=deployed
+    )
+    if not deployed and _run(conn, f"test -e {rc.q(run.run_dir)}", spec).exited:
         raise DeployError(f"run {run_id!r} not found on {spec.name!r} (looked in {run.run_dir})")
     return run
 

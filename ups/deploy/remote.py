@@ -27,6 +27,8 @@ class RemoteRun:
     run_id: str
     output_dir: str = "runs"
     """``cfg.run.output_dir`` as the remote process sees it (relative to workdir)."""
+    deployed: bool = True
+    """Started by ``fab deploy`` (has a state dir whose exit file marks the launcher's end)."""
 
     @property
     def state_dir(self) -> str:
@@ -53,8 +55,12 @@ class RemoteRun:
 
     @property
     def done_files(self) -> list[str]:
-        """Files whose appearance means the run has ended (outcome written or launcher exited)."""
-        return [self.outcome, self.exit_file]
+        """The file whose appearance means the log is complete.
+
+        For a deployed run that is the launcher's exit file: ``ups launch`` still appends
+        its final lines to launch.log after the trainer wrote outcome.json.
+        """
+        return [self.exit_file] if self.deployed else [self.outcome]
 
 
 def latest_link(workdir: str) -> str:

@@ -41,6 +41,7 @@ def deploy(
     detach: bool = False,
     skip_preflight: bool = False,
     sync_wheel: str | None = None,
+    save: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
     target = _target(host, hosts_file, out)
@@ -73,6 +74,7 @@ def deploy(
         env=env,
         skip_preflight=skip_preflight,
         sync=Path(sync_wheel) if sync_wheel else None,
+        mirror=Path(save) if save else None,
     )
 
 

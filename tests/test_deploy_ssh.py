@@ -1,0 +1,242 @@
+"""`fab deploy` and friends against a real sshd on loopback (the `container` host kind).
+
+The "remote" host is this machine: sshd logs in as the current user and the run uses
+the ups installed in this checkout's venv, exactly as on a Vast instance running the image.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.deploy_fixtures import (
+    FAB,
+    REPO,
+    SshServer,
+    demo_config,
+    demo_data,
+    fab,
+    link_data,
+    sshd,
+    start_sshd,
+    stop_sshd,
+)
+
+__all__ = ["demo_data", "sshd"]  # fixtures used by name below
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+
+def _setup(server: SshServer, data: Path, tmp_path: Path) -> tuple[Path, Path]:
+    hosts = server.write_hosts(tmp_path / "hosts.yaml")
+    link_data(server.root / "remote", data)
+    return hosts, server.root / "remote"
+
+
+def test_deploy_streams_to_completion_across_drops(
+    sshd: SshServer, demo_data: Path, tmp_path: Path
+) -> None:
+    """`fab deploy --host test` preflights remotely, runs detached and streams the log to the
+    end; killing the SSH connection 3 times mid-run loses and repeats no byte; exit code 0."""
+    hosts, workdir = _setup(sshd, demo_data, tmp_path)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=40)
+    saved = tmp_path / "local-launch.log"
+    proc = subprocess.Popen(
+        [
+            str(FAB),
+            "deploy",
+            "--host",
+            "test",
+            "--hosts-file",
+            str(hosts),
+            "--config",
+            str(config),
+            "--run",
+            "e2e",
+            "--save",
+            str(saved),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith("started run e2e"):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    drops = 0
+    if started.wait(timeout=120):
+        for _ in range(3):
+            time.sleep(2.0)  # spread the drops over the ~20 s run
+            drops += sshd.drop_sessions()
+    proc.wait(timeout=240)
+    reader.join(timeout=10)
+    stdout = "".join(out)
+    stderr = proc.stderr.read() if proc.stderr else ""
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert drops >= 3
+    assert "remote preflight on test" in stdout
+    assert "preflight OK" in stdout
+    assert "run e2e:" in stdout and "finished (exit 0)" in stdout
+    assert "reconnects" in stdout and "0 reconnects" not in stdout
+    remote_log = workdir / "runs" / "e2e" / "logs" / "launch.log"
+    assert saved.read_bytes() == remote_log.read_bytes()
+    outcome = json.loads((workdir / "runs" / "e2e" / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished"
+
+    status = fab("status", "--host", "test", "--hosts-file", str(hosts), timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "run e2e on test: not running" in status.stdout
+    assert "outcome: finished (exit 0)" in status.stdout
+
+    dest = tmp_path / "fetched"
+    fetched = fab(
+        "fetch", "--host", "test", "--hosts-file", str(hosts), "--dest", str(dest), timeout=60
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads((dest / "e2e" / "outcome.json").read_text())["outcome"] == "finished"
+    assert list((dest / "e2e" / "checkpoints").glob("step_*.pt"))
+    assert (dest / "e2e" / "logs" / "launch.log").read_bytes() == remote_log.read_bytes()
+
+
+def test_failed_run_exit_code_reaches_local_shell(
+    sshd: SshServer, demo_data: Path, tmp_path: Path
+) -> None:
+    """A run that fails remotely (injected exception on rank 1) makes `fab deploy` exit with
+    the run's own non-zero exit code and says which outcome it was."""
+    hosts, workdir = _setup(sshd, demo_data, tmp_path)
+    config = demo_config(
+        tmp_path / "demo.yaml",
+        max_steps=40,
+        extra={"faults": [{"kind": "exception", "rank": 1, "step": 3}]},
+    )
+    result = fab(
+        "deploy",
+        "--host",
+        "test",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(config),
+        "--run",
+        "boom",
+        "--skip-preflight",
+    )
+    outcome = json.loads((workdir / "runs" / "boom" / "outcome.json").read_text())
+    assert outcome["exit_code"] != 0
+    assert result.returncode == outcome["exit_code"], result.stdout[-2000:] + result.stderr
+    assert f"failed (exit {outcome['exit_code']})" in result.stdout
+
+
+def test_stop_is_graceful_and_logs_resume(sshd: SshServer, demo_data: Path, tmp_path: Path) -> None:
+    """`fab stop` SIGTERMs a detached run, waits for the preemption checkpoint and reports
+    it; `fab logs` afterwards replays the whole log and exits 75 (preempted)."""
+    hosts, workdir = _setup(sshd, demo_data, tmp_path)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=100000)
+    started = fab(
+        "deploy",
+        "--host",
+        "test",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(config),
+        "--run",
+        "long",
+        "--skip-preflight",
+        "--detach",
+    )
+    assert started.returncode == 0, started.stderr
+    log = workdir / "runs" / "long" / "logs" / "launch.log"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and '"step":5' not in (
+        log.read_text() if log.exists() else ""
+    ):
+        time.sleep(0.5)  # waiting for training to be under way, bounded by the deadline
+    stopped = fab("stop", "--host", "test", "--hosts-file", str(hosts), "--timeout", "120")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "preempted (exit 75)" in stopped.stdout
+    outcome = json.loads((workdir / "runs" / "long" / "outcome.json").read_text())
+    assert outcome["outcome"] == "preempted"
+    assert outcome["checkpoint"]
+    followed = fab("logs", "--host", "test", "--hosts-file", str(hosts), timeout=60)
+    assert followed.returncode == 75
+    assert "preempted (exit 75)" in followed.stdout
+
+
+def test_preflight_failure_starts_nothing(sshd: SshServer, tmp_path: Path) -> None:
+    """A remote preflight failure (data file missing on the host) shows the report, exits
+    non-zero and starts nothing: no process, no run directory."""
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
+    workdir = sshd.root / "remote"
+    config = demo_config(tmp_path / "demo.yaml")
+    result = fab(
+        "deploy",
+        "--host",
+        "test",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(config),
+        "--run",
+        "nodata",
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "remote preflight on test" in result.stdout
+    assert "FAIL" in result.stdout
+    assert "preflight failed on 'test'" in result.stderr
+    assert "nothing was started" in result.stderr
+    assert not (workdir / "runs").exists()
+    assert not (workdir / ".ups" / "deploy" / "nodata" / "pid").exists()
+
+
+def test_unreachable_host_fails_clearly(tmp_path: Path) -> None:
+    """A host whose port refuses connections fails after retries with the address and a fix."""
+    from tests.deploy_fixtures import free_port
+
+    hosts = tmp_path / "hosts.yaml"
+    port = free_port()
+    hosts.write_text(
+        f"hosts:\n  gone:\n    host: 127.0.0.1\n    port: {port}\n    workdir: /tmp\n"
+        f"    connect_timeout: 2\nknown_hosts: {tmp_path / 'kh'}\n"
+    )
+    result = fab("status", "--host", "gone", "--hosts-file", str(hosts), timeout=60)
+    assert result.returncode == 3
+    assert f"host 'gone' is unreachable at 127.0.0.1:{port}" in result.stderr
+
+
+def test_changed_host_key_is_refused(tmp_path: Path) -> None:
+    """First contact records the host key and prints its fingerprint; after the host's key
+    changes, every task refuses with both fingerprints and the command that fixes it."""
+    server = start_sshd(tmp_path / "a")
+    hosts = server.write_hosts(tmp_path / "hosts.yaml")
+    try:
+        first = fab("status", "--host", "test", "--hosts-file", str(hosts), timeout=60)
+        assert "recorded new host key" in first.stderr
+        assert "no run deployed" in first.stderr  # connected fine; nothing deployed yet
+        assert (tmp_path / "known_hosts").exists()
+    finally:
+        stop_sshd(server)
+    other = start_sshd(tmp_path / "b", port=server.port)  # same address, new host key
+    try:
+        second = fab("status", "--host", "test", "--hosts-file", str(hosts), timeout=60)
+    finally:
+        stop_sshd(other)
+    assert second.returncode == 3
+    assert f"host key for [127.0.0.1]:{server.port} CHANGED" in second.stderr
+    assert second.stderr.count("SHA256:") == 2
+    assert "ssh-keygen -R" in second.stderr
