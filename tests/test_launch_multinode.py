@@ -1,0 +1,85 @@
+"""Multi-node on one machine: two `ups launch` node agents rendezvous on loopback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+from tests.launch_helpers import ALLREDUCE, events_named, launch_cmd, outcome_of, write_script
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _two_nodes(
+    per_node: Callable[[int], Sequence[str]], timeout: float = 240
+) -> list[subprocess.CompletedProcess[str]]:
+    """Start node 1 first (it must wait for node 0's store), then node 0; wait for both."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    procs = {}
+    for rank in (1, 0):
+        cmd = launch_cmd(
+            *per_node(rank), "--nnodes", "2", "--node-rank", str(rank),
+            "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+        )  # fmt: skip
+        procs[rank] = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=worker_env(), cwd=REPO,
+        )  # fmt: skip
+    results = []
+    try:
+        for rank in (0, 1):
+            out, err = procs[rank].communicate(timeout=timeout)
+            results.append(subprocess.CompletedProcess(cmd, procs[rank].returncode, out, err))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def test_two_node_agents_all_reduce_over_loopback(tmp_path: Path) -> None:
+    """Node ranks 0 and 1 (one worker each) form one world of 2: global rank = node rank,
+    the all-reduce sums both, and each node's launch exits 0 with its own run dir."""
+    script = write_script(tmp_path, "ok.py", ALLREDUCE)
+
+    def args(rank: int) -> list[str]:
+        out = str(tmp_path / f"node{rank}")
+        return ["--script", str(script), "--output-dir", out, "--run-id", "mn", "--skip-preflight"]
+
+    node0, node1 = _two_nodes(args)
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stdout + node1.stdout
+    for rank, proc in enumerate((node0, node1)):
+        (event,) = events_named(proc.stdout, "allreduced")
+        assert (event["rank"], event["world_size"], event["sum"]) == (rank, 2, 3.0)
+        assert outcome_of(tmp_path / f"node{rank}" / "mn")["outcome"] == "finished"
+
+
+def test_two_node_agents_train_the_bundled_trainer(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """The bundled trainer across two node agents (1 worker each): both exit 0, node 0 holds
+    rank 0's outcome "finished" for world size 2 and a checkpoint, node 1 rank 1's log."""
+    config = make_config(training={"max_steps": 4, "log_every": 1})
+
+    def args(rank: int) -> list[str]:
+        out = tmp_path / f"node{rank}"
+        return [str(config), "--run-id", "mt", "--set", f"run.output_dir={out}", "--skip-preflight"]
+
+    node0, node1 = _two_nodes(args)
+    assert (node0.returncode, node1.returncode) == (0, 0), node0.stdout[-3000:] + node1.stdout
+    outcome = outcome_of(tmp_path / "node0" / "mt")
+    assert (outcome["outcome"], outcome["world_size"], outcome["step"]) == ("finished", 2, 4)
+    assert list((tmp_path / "node0" / "mt" / "checkpoints").glob("step_*.pt"))
+    assert (tmp_path / "node1" / "mt" / "logs" / "rank1.jsonl").exists()
