@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +90,14 @@ def outcome_of(run_dir: Path) -> dict[str, Any]:
 
 def events_named(text: str, name: str) -> list[dict[str, Any]]:
     return [e for e in parse_events(text) if e["event"] == name]
+
+
+def wait_for_event(path: Path, name: str, proc: subprocess.Popen[str], timeout: float) -> None:
+    """Poll launch.log (the file `fab logs` follows) until an event appears."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and any(e["event"] == name for e in parse_events(path.read_text())):
+            return
+        assert proc.poll() is None, "launch ended before the event appeared"
+        time.sleep(0.2)  # polling a file another process writes; not synchronisation by sleep
+    raise AssertionError(f"no {name!r} event in {path} within {timeout} s")

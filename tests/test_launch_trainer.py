@@ -5,27 +5,15 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, parse_events, worker_env
-from tests.launch_helpers import launch_cmd, outcome_of, run_launch
+from tests.launch_helpers import launch_cmd, outcome_of, run_launch, wait_for_event
 
 pytestmark = pytest.mark.slow
-
-
-def _wait_for_event(path: Path, name: str, proc: subprocess.Popen[str], timeout: float) -> None:
-    """Poll launch.log (the file `fab logs` follows) until an event appears."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and any(e["event"] == name for e in parse_events(path.read_text())):
-            return
-        assert proc.poll() is None, "launch ended before the event appeared"
-        time.sleep(0.2)  # polling a file another process writes; not synchronisation by sleep
-    raise AssertionError(f"no {name!r} event in {path} within {timeout} s")
 
 
 def test_trainer_finishes_through_launch(make_config: Callable[..., Path], tmp_path: Path) -> None:
@@ -56,7 +44,7 @@ def test_sigterm_preempts_with_75_and_the_run_id_resumes(
         env=worker_env(), cwd=REPO,
     )  # fmt: skip
     try:
-        _wait_for_event(run_dir / "logs" / "launch.log", "train_step", proc, timeout=120)
+        wait_for_event(run_dir / "logs" / "launch.log", "train_step", proc, timeout=120)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=90)
     finally:

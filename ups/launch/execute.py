@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TextIO, cast
 
 import structlog
@@ -64,8 +68,44 @@ def execute(
             structlog.reset_defaults()  # the tee closes with this block
 
 
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Before torchrun starts, SIGTERM/SIGINT/SIGHUP end launch cleanly (with an outcome)."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise _Stopped(signum)
+
+    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in watched}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _fail(plan: LaunchPlan, reason: str, code: int, sig: str | None = None) -> int:
+    outcome = Outcome(
+        run_id=plan.run_id,
+        outcome="failed",
+        exit_code=code,
+        reason=reason,
+        world_size=plan.world_size,
+        signal=sig,
+        traceback=plan.log_path,
+    )
+    write_outcome(Path(plan.run_dir), outcome)
+    _report_end(outcome, plan, code)
+    return code
+
+
 def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
-    run_dir = Path(plan.run_dir)
     log.info(
         "launch plan",
         run_id=plan.run_id,
@@ -77,28 +117,35 @@ def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: Lin
     )
     if plan.port_note:
         log.warning("master port switched", note=plan.port_note, port=plan.master_port)
-    if plan.preflight:
-        from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
-
-        verdict = run_gate(plan, cfg, gpu_count)
-        for line in verdict.report.render_table(plan.preflight_strict).splitlines():
-            tee.write_line(line)
-        if not verdict.ok:
-            reason = "preflight failed: " + ", ".join(verdict.failed)
-            outcome = Outcome(
-                run_id=plan.run_id,
-                outcome="failed",
-                exit_code=EXIT_FAILED,
-                reason=reason,
-                world_size=plan.world_size,
-            )
-            write_outcome(run_dir, outcome)
-            _report_end(outcome, plan, EXIT_FAILED)
-            return EXIT_FAILED
-    else:
-        log.warning("preflight skipped (--skip-preflight)")
-    result = run_torchrun(plan, tee)
+    try:
+        with _stop_on_signals():
+            failed = _preflight(plan, cfg, gpu_count, tee)
+    except _Stopped as stop:
+        reason = f"ups launch was stopped by {stop} during preflight; torchrun never started"
+        return _fail(plan, reason, 128 + stop.signum, str(stop))
+    if failed is not None:
+        return _fail(plan, "preflight failed: " + ", ".join(failed), EXIT_FAILED)
+    try:
+        result = run_torchrun(plan, tee)
+    except Exception as exc:
+        _fail(plan, f"ups launch could not run torchrun: {type(exc).__name__}: {exc}", 1)
+        raise
     outcome = finalize_outcome(plan, result)
     code = exit_code(outcome, result.rc)
     _report_end(outcome, plan, code)
     return code
+
+
+def _preflight(
+    plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee
+) -> list[str] | None:
+    """Run the gate; return the failed checks' names, or None when torchrun may start."""
+    if not plan.preflight:
+        log.warning("preflight skipped (--skip-preflight)")
+        return None
+    from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
+
+    verdict = run_gate(plan, cfg, gpu_count)
+    for line in verdict.report.render_table(plan.preflight_strict).splitlines():
+        tee.write_line(line)
+    return None if verdict.ok else verdict.failed

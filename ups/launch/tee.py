@@ -25,7 +25,7 @@ class LineTee:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file: IO[str] = path.open("a", buffering=1, encoding="utf-8")
-        self._console = console
+        self._console: TextIO | None = console
         self._render = console.isatty() if render is None else render
         self._partial = ""
         self._lock = threading.Lock()
@@ -39,9 +39,16 @@ class LineTee:
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
+            if self._console is None:
+                return
             shown = render_line(line, colors=True) if self._render else line
-            self._console.write(shown + "\n")
-            self._console.flush()
+            try:
+                self._console.write(shown + "\n")
+                self._console.flush()
+            except OSError:
+                # The terminal or SSH session went away (EPIPE, EIO). The run goes on and
+                # launch.log keeps every line; only the console copy stops.
+                self._console = None
 
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
@@ -52,7 +59,6 @@ class LineTee:
 
     def flush(self) -> None:
         self._file.flush()
-        self._console.flush()
 
     def close(self) -> None:
         if self._partial:
