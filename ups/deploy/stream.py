@@ -37,11 +37,15 @@ def follow_command(path: str, offset: int, done: Sequence[str], heartbeat_s: flo
     """The remote shell script: tail from byte ``offset`` until a done file exists."""
     tests = " && ".join(f"[ ! -e {shlex.quote(p)} ]" for p in done) or "true"
     ticks = max(1, round(heartbeat_s / 0.2))
+    log = shlex.quote(path)
+    beat = f"n=$((n+1)); if [ $n -ge {ticks} ]; then n=0; printf . >&2 || exit 1; fi"
+    # tail -F on a missing file falls back to 1 s polling even after the file appears,
+    # so wait for the file first; then tail uses inotify and lines arrive in milliseconds.
     return (
-        f"tail -c +{offset + 1} -F {shlex.quote(path)} 2>/dev/null & T=$!; "
-        "trap 'kill $T 2>/dev/null' EXIT HUP PIPE TERM; n=0; "
-        f"while {tests}; do sleep 0.2; n=$((n+1)); "
-        f"if [ $n -ge {ticks} ]; then n=0; printf . >&2 || exit 1; fi; done; exit 0"
+        f"n=0; while [ ! -e {log} ]; do {tests} || exit 0; sleep 0.1; {beat}; done; "
+        f"tail -s 0.2 -c +{offset + 1} -F {log} 2>/dev/null & T=$!; "
+        "trap 'kill $T 2>/dev/null' EXIT HUP PIPE TERM; "
+        f"while {tests}; do sleep 0.2; {beat}; done; exit 0"
     )
 
 
