@@ -186,10 +186,12 @@ def test_trainer_exits_2_naming_the_key(make_config: MakeConfig, tmp_path: Path,
     proc = _run_trainer(config, *args)
     assert proc.returncode == EXIT_CONFIG, (proc.stdout, proc.stderr)
     events = parse_events(proc.stdout)
-    assert [e["event"] for e in events] == ["config_invalid"], proc.stdout
-    assert events[0]["level"] == "error"
+    invalid = [e for e in events if e["event"] == "config_invalid"]
+    assert len(invalid) == 1, proc.stdout
+    assert invalid[0]["level"] == "error"
     for text in expected:
-        assert text in events[0]["error"], events[0]["error"]
+        assert text in invalid[0]["error"], invalid[0]["error"]
+    assert not {"train_start", "wandb_started"} & {e["event"] for e in events}
     assert _no_run_dir(tmp_path / "runs")
     assert "Traceback" not in proc.stderr
 
