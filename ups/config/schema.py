@@ -87,6 +87,10 @@ class TrainingConfig(_Strict):
     """Per-rank batch size."""
     lr: float = Field(1e-3, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Learning-rate schedule after warm-up: cosine decay to ``min_lr_ratio * lr``, or constant."""
+    warmup_steps: int = Field(20, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
     grad_clip: float = Field(1.0, ge=0.0)
     """Global grad-norm clip; 0 disables."""
     num_workers: int = Field(0, ge=0)

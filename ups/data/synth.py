@@ -43,7 +43,7 @@ class Sizes:
     hw_dr: int
 
 
-SMALL = Sizes(n_1d=128, x_1d=256, n_darcy=256, hw_darcy=64, n_dr=32, hw_dr=32)
+SMALL = Sizes(n_1d=128, x_1d=256, n_darcy=512, hw_darcy=64, n_dr=32, hw_dr=32)
 FULL_GRID = Sizes(n_1d=64, x_1d=1024, n_darcy=64, hw_darcy=128, n_dr=8, hw_dr=128)
 
 

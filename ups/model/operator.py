@@ -27,6 +27,10 @@ class TaskShape:
     channels_out: int
     spatial: tuple[int, ...]
     steady: bool
+    out_scale: float = 1.0
+    """Typical size of what the decoder predicts (the field for steady tasks, the one-step
+    change for time tasks); the decoder works in units of it, so training starts at the
+    right magnitude instead of spending its first hundreds of steps finding it."""
 
 
 class PatchEncoder(nn.Module):
@@ -58,10 +62,11 @@ class PatchDecoder(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.proj = deconv(dim, shape.channels_out, kernel_size=patch, stride=patch)
         self.grid = tuple(size // patch for size in shape.spatial)
+        self.register_buffer("scale", torch.tensor(float(shape.out_scale)))
 
     def forward(self, z: Tensor) -> Tensor:
         z = self.norm(z).transpose(1, 2)
-        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid))
+        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid)) * self.scale
         return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,24 @@ class TrainState:
         return asdict(self)
 
 
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, cfg: Config, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up, then cosine decay to ``min_lr_ratio`` (or constant) over the run."""
+    t = cfg.training
+    warmup = min(t.warmup_steps, max(total_steps - 1, 0))
+
+    def factor(update: int) -> float:
+        if update < warmup:
+            return (update + 1) / warmup
+        if t.schedule == "constant":
+            return 1.0
+        progress = min((update - warmup) / max(total_steps - warmup, 1), 1.0)
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 class Trainer:
     """Runs steps until done or told to stop; owns nothing but the loop."""
 
@@ -53,6 +72,7 @@ class Trainer:
         device: torch.device,
         model: nn.parallel.DistributedDataParallel,
         optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
         loader: Any,
         injector: FaultInjector,
         tracker: Tracker,
@@ -62,6 +82,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.env, self.device = cfg, env, device
         self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.scheduler = scheduler
         self.injector, self.tracker, self.stop = injector, tracker, stop
         self.checkpoint_dir = checkpoint_dir
         self.state = state
@@ -73,6 +94,7 @@ class Trainer:
         return {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "train_state": self.state.as_dict(),
             "rng_cpu": torch.get_rng_state(),
         }
@@ -139,6 +161,7 @@ class Trainer:
             if self.cfg.training.grad_clip > 0:
                 nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
             self.optimizer.step()
+            self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.state.updates += 1
             self.state.consecutive_skips = 0
@@ -188,6 +211,7 @@ class Trainer:
             "train/loss": float((self.weights * losses).sum() / self.weights.sum()),
             **{f"train/{task}/rel_l2": value for task, value in per_task.items()},
             "train/samples_per_s": samples / seconds,
+            "train/lr": self.scheduler.get_last_lr()[0],
             "train/epoch": float(epoch),
         }
         if self.env.is_rank0:

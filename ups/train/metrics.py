@@ -20,3 +20,18 @@ def mean_target(dataset: PDEBenchDataset, limit: int = 256) -> Tensor:
     n = min(len(dataset), limit)
     total = sum(dataset[i][1] for i in range(n))
     return torch.as_tensor(total) / n
+
+
+def output_scale(dataset: PDEBenchDataset, steady: bool, limit: int = 256) -> float:
+    """RMS of what the model must predict: ``y`` for steady tasks, ``y - x`` for time tasks.
+
+    Computed from the first ``limit`` training items, so every rank gets the same value.
+    """
+    n = min(len(dataset), limit)
+    total = 0.0
+    for i in range(n):
+        x, y, _ = dataset[i]
+        target = y if steady else y - x
+        total += float(target.pow(2).mean())
+    rms: float = (total / max(n, 1)) ** 0.5
+    return max(rms, 1e-8)

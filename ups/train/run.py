@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ups.config import Config
 from ups.data.loader import build_loader
-from ups.data.pdebench import TaskInfo
+from ups.data.pdebench import PDEBenchDataset, TaskInfo
 from ups.dist.agreement import stuck_ranks
 from ups.dist.env import DistEnv
 from ups.dist.lifecycle import init_distributed, shutdown_distributed
@@ -33,7 +33,8 @@ from ups.rundir import mark_latest, resolve_run_id
 from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
 from ups.train.faults import FaultInjector
-from ups.train.loop import TooManySkips, Trainer, TrainState
+from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule
+from ups.train.metrics import output_scale
 from ups.train.signals import StopFlag
 from ups.train.tracking import Tracker
 
@@ -41,9 +42,14 @@ log = structlog.get_logger()
 _fault_log: IO[str] | None = None  # kept open for faulthandler for the life of the process
 
 
-def task_shapes(infos: dict[str, TaskInfo]) -> list[TaskShape]:
+def task_shapes(
+    infos: dict[str, TaskInfo], scales: dict[str, float] | None = None
+) -> list[TaskShape]:
+    scales = scales or {}
     return [
-        TaskShape(i.name, i.channels, i.channels, tuple(i.spatial), i.steady)
+        TaskShape(
+            i.name, i.channels, i.channels, tuple(i.spatial), i.steady, scales.get(i.name, 1.0)
+        )
         for i in infos.values()
     ]
 
@@ -91,6 +97,7 @@ def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> None
     path, state = found[0]
     trainer.model.module.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.state = TrainState(**state["train_state"])
     torch.set_rng_state(state["rng_cpu"])
     log.info("resumed", path=path, step=trainer.state.step, updates=trainer.state.updates)
@@ -161,7 +168,11 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             world_size=env.world_size,
             seed=cfg.run.seed,
         )
-        model = build_model(task_shapes(infos), cfg.model).to(device)
+        scales = {
+            t.name: output_scale(PDEBenchDataset(t, "train", infos[t.name]), infos[t.name].steady)
+            for t in cfg.tasks
+        }
+        model = build_model(task_shapes(infos, scales), cfg.model).to(device)
         ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
@@ -170,12 +181,14 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=cfg.training.lr, weight_decay=cfg.training.weight_decay
         )
+        total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
         trainer = Trainer(
             cfg=cfg,
             env=env,
             device=device,
             model=ddp,
             optimizer=optimizer,
+            scheduler=lr_schedule(optimizer, cfg, total_steps),
             loader=loader,
             injector=FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
             tracker=tracker,

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The test command (`make test`): lint, type-check, then every test tier that can run here.
+# System services the tests use (a Docker engine, sshd) are installed and started by
+# scripts/docker-engine.sh and scripts/sshd-setup.sh, which this script runs first.
+# GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+echo "== system services: sshd, Docker engine"
+bash scripts/sshd-setup.sh
+if ! bash scripts/docker-engine.sh; then
+    if [ "${CI:-}" = "true" ]; then
+        echo "test.sh: the Docker engine could not be started; CI must run the container tests" >&2
+        exit 1
+    fi
+    echo "test.sh: no Docker engine here; the docker tests will skip with the reason" >&2
+fi
+
+echo "== ruff"
+$BIN/ruff check .
+echo "== mypy"
+$BIN/mypy
+echo "== pytest"
+exec $BIN/pytest -ra -q --durations=15 "$@"
