@@ -293,7 +293,13 @@ def stop(target: Target, run_id: str | None, timeout_s: float = 180.0) -> int:
     conn = target.connect()
     try:
         run = resolve_run(target, conn, run_id)
-        result = _run(conn, rc.stop_command(run), target.spec)
+        if target.spec.kind == "docker":
+            from ups.deploy.docker_kind import stop_command
+
+            command = stop_command(target.spec, run, timeout_s)
+        else:
+            command = rc.stop_command(run)
+        result = _run(conn, command, target.spec)
         target.say(f"stop {run.run_id}: {result.stdout.strip() or result.stderr.strip()}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

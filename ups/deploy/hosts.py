@@ -63,9 +63,12 @@ class HostSpec(_Strict):
     """Shell line run before every remote command (e.g. ``. /opt/venv/bin/activate``)."""
     registry: str | None = None
     """docker kind: push ``image`` here and pull it remotely instead of shipping layers."""
-    compose_file: str = "docker-compose.yml"
-    """docker kind: compose file, relative to ``workdir``."""
+    compose_files: list[str] = Field(default_factory=lambda: ["docker-compose.yml"])
+    """docker kind: local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
     compose_service: str = "train-ddp"
+    preflight_service: str = "preflight"
+    runs_dir: str = "runs"
+    """docker kind: host directory (relative to ``workdir``) mounted as the runs volume."""
     docker_host: str | None = None
     """docker kind: remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
     connect_timeout: float = Field(10.0, gt=0)
