@@ -28,6 +28,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,7 +100,15 @@ def _ts(event: dict[str, Any]) -> float:
 
 
 def run_training(
-    name: str, config: Path, *, ranks: int, threads: int, steps: int, warmup: int, work: Path
+    name: str,
+    config: Path,
+    data_overrides: list[str],
+    *,
+    ranks: int,
+    threads: int,
+    steps: int,
+    warmup: int,
+    work: Path,
 ) -> E2E:
     out = work / name.replace(" ", "-").replace(",", "")
     out.mkdir(parents=True)
@@ -112,6 +121,7 @@ def run_training(
         "wandb.mode=disabled",
         "checkpoint.every_steps=1000000",
         "distributed.backend=gloo",
+        *data_overrides,
     ]
     args = [str(SCRIPT), "--worker", str(out), str(config)]
     args += [a for o in overrides for a in ("--set", o)]
@@ -176,7 +186,9 @@ def _batches(loader: Any) -> Iterator[Any]:
         epoch += 1
 
 
-def loader_vs_step(config: Path, steps: int, warmup: int, work: Path) -> tuple[Split, Split, int]:
+def loader_vs_step(
+    config: Path, data_overrides: list[str], steps: int, warmup: int, work: Path
+) -> tuple[Split, Split, int]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -186,16 +198,15 @@ def loader_vs_step(config: Path, steps: int, warmup: int, work: Path) -> tuple[S
     from ups.dist.env import read_dist_env
     from ups.dist.lifecycle import init_distributed, shutdown_distributed
     from ups.log import setup_logging
-    from ups.model import build_model
     from ups.train.faults import FaultInjector
-    from ups.train.loop import Trainer, TrainState
-    from ups.train.run import task_shapes
+    from ups.train.loop import Trainer, TrainState, lr_schedule
+    from ups.train.run import make_model
     from ups.train.signals import StopFlag
     from ups.train.tracking import Tracker
 
     torch.set_num_threads(1)
     setup_logging(stdout=open(os.devnull, "w"))  # noqa: SIM115  # lives as long as the process
-    cfg = load_config(config, ["wandb.mode=disabled", "distributed.backend=gloo"])
+    cfg = load_config(config, ["wandb.mode=disabled", "distributed.backend=gloo", *data_overrides])
     infos = {task.name: inspect_task(task) for task in cfg.tasks}
     kwargs = {"batch_size": cfg.training.batch_size, "num_workers": cfg.training.num_workers}
     loader = build_loader(list(cfg.tasks), infos, rank=0, world_size=1, seed=0, **kwargs)  # type: ignore[arg-type]
@@ -211,14 +222,16 @@ def loader_vs_step(config: Path, steps: int, warmup: int, work: Path) -> tuple[S
     env = read_dist_env({})
     device = init_distributed(env, cfg.distributed)
     torch.manual_seed(0)
-    model = build_model(task_shapes(infos), cfg.model)
+    model = make_model(cfg, infos)
     ddp = DistributedDataParallel(model, forward_sync_buffers=False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr)
     trainer = Trainer(
         cfg=cfg,
         env=env,
         device=device,
         model=ddp,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=cfg.training.lr),
+        optimizer=optimizer,
+        scheduler=lr_schedule(optimizer, cfg, steps),
         loader=loader,
         injector=FaultInjector([], 0, under_torchrun=False),
         tracker=Tracker(),
@@ -234,6 +247,25 @@ def loader_vs_step(config: Path, steps: int, warmup: int, work: Path) -> tuple[S
     shutdown_distributed()
     step = Split(times[0], times[warmup:], sum(counts[warmup:]))
     return load, step, loader.steps_per_epoch
+
+
+def snapshot_data(config: Path, into: Path) -> list[str]:
+    """Copy the config's data files into ``into`` (or synthesize the demo there when they are
+    missing) and return the ``--set tasks.N.path=...`` overrides pointing at the copies, so
+    a rewrite of the shared ``data/demo`` during the benchmark cannot change what is measured.
+    """
+    from ups.config import load_config
+    from ups.data.synth import synthesize
+
+    cfg = load_config(config, check_files=False)
+    into.mkdir(parents=True)
+    if all(Path(t.path).is_file() for t in cfg.tasks):
+        for task in cfg.tasks:
+            shutil.copy2(task.path, into / Path(task.path).name)
+    else:
+        print(f"data missing: writing the demo files with `ups data synth` (seed 0) into {into}")
+        synthesize(into, 0)
+    return [f"tasks.{i}.path={into / Path(t.path).name}" for i, t in enumerate(cfg.tasks)]
 
 
 # Report
@@ -299,18 +331,11 @@ def main() -> int:
     args = parser.parse_args()
     args.load_at_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
 
-    from ups.config import load_config
-    from ups.data.synth import synthesize
-
-    cfg = load_config(args.config, check_files=False)
-    if not all(Path(t.path).is_file() for t in cfg.tasks):
-        print(f"demo data missing: writing it with `ups data synth` into {cfg.tasks[0].path}")
-        synthesize(Path(cfg.tasks[0].path).parent, 0)
-
     settings = [("1 process, 1 thread", 1, 1), ("1 process, 2 threads", 1, 2)]
     settings.append(("torchrun, 2 ranks", 2, 1))
     tries: dict[str, list[E2E]] = {name: [] for name, _, _ in settings}
     with tempfile.TemporaryDirectory(prefix="ups-bench-") as tmp:
+        data_overrides = snapshot_data(args.config, Path(tmp) / "data")
         # Settings take turns, so a burst of load from other jobs hits each of them alike.
         for i in range(args.repeats):
             for name, ranks, threads in settings:
@@ -319,6 +344,7 @@ def main() -> int:
                     run_training(
                         name,
                         args.config,
+                        data_overrides,
                         ranks=ranks,
                         threads=threads,
                         steps=args.steps,
@@ -328,7 +354,9 @@ def main() -> int:
                 )
         runs = [max(t, key=lambda r: r.samples_per_s) for t in tries.values()]
         print("running: loader alone vs step alone", flush=True)
-        load, step, spe = loader_vs_step(args.config, args.steps, args.warmup, Path(tmp))
+        load, step, spe = loader_vs_step(
+            args.config, data_overrides, args.steps, args.warmup, Path(tmp)
+        )
     report = _report(args, runs, load, step, spe)
     print(report, end="")
     args.out.parent.mkdir(parents=True, exist_ok=True)
