@@ -107,12 +107,19 @@ class LatentOperator(nn.Module):
         out: Tensor = self.decoders[task](z)
         return out if self.shapes[task].steady else x + out
 
-    def forward(self, batches: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Predict the next state for every task's batch: ``{task: x}`` -> ``{task: y_hat}``."""
-        return {
-            task: self.decode(task, self.step(self.encode(task, x)), x)
-            for task, x in batches.items()
-        }
+    def forward(
+        self, batches: Mapping[str, Tensor], latents: Mapping[str, Tensor] | None = None
+    ) -> dict[str, Tensor]:
+        """Predict the next state for every task's batch: ``{task: x}`` -> ``{task: y_hat}``.
+
+        ``latents`` gives precomputed encodings (the latent cache) for some tasks.
+        """
+        latents = latents or {}
+        out = {}
+        for task, x in batches.items():
+            z = latents[task] if task in latents else self.encode(task, x)
+            out[task] = self.decode(task, self.step(z), x)
+        return out
 
 
 def model_problems(shapes: list[TaskShape], cfg: ModelConfig) -> list[str]:

@@ -79,6 +79,7 @@ class Trainer:
         stop: StopFlag,
         checkpoint_dir: Path,
         state: TrainState,
+        latents: dict[str, Tensor] | None = None,
     ) -> None:
         self.cfg, self.env, self.device = cfg, env, device
         self.model, self.optimizer, self.loader = model, optimizer, loader
@@ -86,6 +87,8 @@ class Trainer:
         self.injector, self.tracker, self.stop = injector, tracker, stop
         self.checkpoint_dir = checkpoint_dir
         self.state = state
+        self.latents = latents
+        """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
@@ -173,9 +176,12 @@ class Trainer:
 
     def _forward_backward(self, batch: Batch) -> Tensor:
         inputs = {task: x.to(self.device) for task, (x, _, _) in batch.items()}
+        latents = None
+        if self.latents is not None:
+            latents = {t: self.latents[t][idx].to(self.device) for t, (_, _, idx) in batch.items()}
         # no_sync: gradients stay local until every rank has agreed the step is good.
         with self.model.no_sync():
-            preds = self.model(inputs)
+            preds = self.model(inputs, latents)
             losses = torch.stack(
                 [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
             )

@@ -19,6 +19,7 @@ from ups.dist.env import read_dist_env
 from ups.log import get_logger, setup_logging
 from ups.model import model_problems
 from ups.outcome import EXIT_CONFIG
+from ups.train.cache import cache_problems
 from ups.train.faults import ENV_VAR, parse_faults
 from ups.train.run import task_shapes, train
 from ups.train.signals import StopFlag
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         env = read_dist_env()
         infos = {task.name: inspect_task(task) for task in cfg.tasks}
         problems = model_problems(task_shapes(infos), cfg.model)
+        if cfg.cache.enabled:
+            problems += cache_problems(cfg, infos)
         if problems:
             raise ConfigError(args.config, problems)
     except (ConfigError, DataError, ValueError) as exc:

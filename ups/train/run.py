@@ -20,7 +20,7 @@ from ups.dist.agreement import stuck_ranks
 from ups.dist.env import DistEnv
 from ups.dist.lifecycle import init_distributed, shutdown_distributed
 from ups.log import setup_logging
-from ups.model import TaskShape, build_model
+from ups.model import LatentOperator, TaskShape, build_model
 from ups.outcome import (
     EXIT_FAILED,
     EXIT_OK,
@@ -30,6 +30,7 @@ from ups.outcome import (
     write_outcome,
 )
 from ups.rundir import mark_latest, resolve_run_id
+from ups.train.cache import load_cache
 from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
 from ups.train.faults import FaultInjector
@@ -52,6 +53,15 @@ def task_shapes(
         )
         for i in infos.values()
     ]
+
+
+def make_model(cfg: Config, infos: dict[str, TaskInfo]) -> LatentOperator:
+    """The model for these tasks, its decoders scaled to each task's training targets."""
+    scales = {
+        t.name: output_scale(PDEBenchDataset(t, "train", infos[t.name]), infos[t.name].steady)
+        for t in cfg.tasks
+    }
+    return build_model(task_shapes(infos, scales), cfg.model)
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -168,18 +178,18 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             world_size=env.world_size,
             seed=cfg.run.seed,
         )
-        scales = {
-            t.name: output_scale(PDEBenchDataset(t, "train", infos[t.name]), infos[t.name].steady)
-            for t in cfg.tasks
-        }
-        model = build_model(task_shapes(infos, scales), cfg.model).to(device)
+        model = make_model(cfg, infos)
+        latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
+        model = model.to(device)
         ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             forward_sync_buffers=False,  # no collective inside forward: see ups.dist.agreement
         )
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.training.lr, weight_decay=cfg.training.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.training.lr,
+            weight_decay=cfg.training.weight_decay,
         )
         total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
         trainer = Trainer(
@@ -195,6 +205,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             stop=stop,
             checkpoint_dir=run_dir / "checkpoints",
             state=TrainState(),
+            latents=latents,
         )
         _resume(trainer, cfg, env, run_dir / "checkpoints")
         log.info(

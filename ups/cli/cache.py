@@ -1,0 +1,60 @@
+"""``ups cache build CONFIG``: precompute the latent cache on the CPU (see ups.train.cache)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ups.config import ConfigError, load_config
+from ups.data.pdebench import DataError, inspect_task
+from ups.log import get_logger, setup_logging
+from ups.outcome import EXIT_CONFIG
+from ups.train.cache import build_cache
+from ups.train.checkpoint import CheckpointCorrupt, latest_good_checkpoint, load_checkpoint
+from ups.train.run import make_model
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ups cache", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="encode the training inputs into cache.dir")
+    build.add_argument("config")
+    build.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    build.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="encoders to use; default: newest good checkpoint of <output_dir>/latest, "
+        "else a fresh model from run.seed",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging()
+    log = get_logger("cache")
+    try:
+        cfg = load_config(args.config, args.overrides)
+        infos = {t.name: inspect_task(t) for t in cfg.tasks}
+        torch.manual_seed(cfg.run.seed)
+        model = make_model(cfg, infos)
+        source = f"fresh model, seed {cfg.run.seed}"
+        if args.checkpoint is not None:
+            state = load_checkpoint(args.checkpoint)
+            source = str(args.checkpoint)
+        elif found := latest_good_checkpoint(cfg.run.output_dir / "latest" / "checkpoints"):
+            source, state = str(found[0]), found[1]
+        else:
+            state = None
+            log.warning("cache_fresh_encoders", reason="no checkpoint found", source=source)
+        if state is not None:
+            model.load_state_dict(state["model"])
+    except (ConfigError, DataError, CheckpointCorrupt, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CONFIG
+    for path in build_cache(cfg, infos, model, source):
+        log.info("cache_file", path=str(path))
+    return 0
