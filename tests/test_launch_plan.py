@@ -203,3 +203,17 @@ def test_latest_points_at_the_newest_run(tmp_path: Path) -> None:
         link = point_latest(tmp_path / name)
     assert link.is_symlink() and link.readlink() == Path("b")
     assert link.resolve() == (tmp_path / "b").resolve()
+
+
+def test_tee_keeps_the_log_when_the_console_goes_away(tmp_path: Path) -> None:
+    """A dropped SSH session (EPIPE on stdout) does not stop launch: launch.log keeps
+    receiving every line."""
+
+    class Gone(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    with LineTee(tmp_path / "launch.log", Gone(), render=False) as tee:
+        tee.write_line("one")
+        tee.write_line("two")
+    assert (tmp_path / "launch.log").read_text().splitlines() == ["one", "two"]
