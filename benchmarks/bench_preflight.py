@@ -150,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'TOTAL':<10} {'':<6} {pre['in_process_s']:>9.3f}  (in process)")
     print(f"{'CLI':<10} {'':<6} {pre['cli_s']:>9.3f}  (`ups-preflight --json`, imports included)")
     print(f"\ngloo all-reduce, {args.procs} CPU processes, {ITERS} iters after {WARMUP} warm-up")
-    print(f"{'size':>8} {'check busbw':>12} {'bare busbw':>11} {'ratio':>6}")
+    print(f"{'size':>9} {'check busbw':>12} {'bare busbw':>11} {'ratio':>6}")
     comparison = []
     for c, b in zip(check_rows, bare_rows, strict=True):
         ratio = c["busbw_gbps"] / b["busbw_gbps"]
         comparison.append({"bytes": c["bytes"], "check_busbw_gbps": c["busbw_gbps"],
                            "bare_busbw_gbps": b["busbw_gbps"], "ratio": ratio})  # fmt: skip
         size = f"{int(c['bytes']) >> 10} KiB"
-        print(f"{size:>8} {c['busbw_gbps']:>10.3f} GB/s {b['busbw_gbps']:>6.3f} GB/s {ratio:>6.2f}")
+        print(f"{size:>9} {c['busbw_gbps']:>10.3f} GB/s {b['busbw_gbps']:>6.3f} GB/s {ratio:>6.2f}")
     print(f"check wall time (spawn + init + sweep + teardown): {check_elapsed:.2f} s (median)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

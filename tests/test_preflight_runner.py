@@ -18,6 +18,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from preflight import CheckResult, PreflightOptions, Report, Status, run_preflight, select_checks
+from preflight.checks.ports import pick_free_port
 from preflight.runner import run_with_deadline
 from tests.conftest import REPO
 
@@ -90,7 +91,11 @@ def test_report_ok_strict_and_schema() -> None:
 def test_events_per_check_are_logged(make_config: Callable[..., Path]) -> None:
     """Each check emits one structlog event with its status, value and duration."""
     with capture_logs() as logs:
-        run_preflight(PreflightOptions(config=make_config(), only=["ports", "data"]))
+        run_preflight(
+            PreflightOptions(
+                config=make_config(), only=["ports", "data"], master_port=pick_free_port(0)
+            )
+        )
     checks = [e for e in logs if e["event"] == "preflight.check"]
     assert [e["check"] for e in checks] == ["config", "ports", "data"]
     assert all("duration_s" in e and e["status"] == "pass" for e in checks)
@@ -99,7 +104,11 @@ def test_events_per_check_are_logged(make_config: Callable[..., Path]) -> None:
 
 def test_cli_json_is_machine_readable_and_exit_zero(make_config: Callable[..., Path]) -> None:
     """`ups-preflight --json` prints only the JSON document on stdout and exits 0 when fit."""
-    proc = _cli("--config", str(make_config()), "--json", "--skip", "allreduce,gpu")
+    # 29500 may be in use by a real training run on this machine: check a free port.
+    port = str(pick_free_port(0))
+    proc = _cli(
+        "--config", str(make_config()), "--json", "--skip", "allreduce,gpu", "--master-port", port
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is True
