@@ -56,7 +56,7 @@ def _load_context(opts: PreflightOptions) -> tuple[Context, CheckResult | None]:
         return ctx, CheckResult(
             name="config",
             status=Status.SKIP,
-            message="no run config given; data and cache checks are skipped",
+            message="no run config given; checks that need one (data, config cache) are skipped",
             hint="ups-preflight --config CONFIG.yaml",
         )
     path = Path(opts.config)
