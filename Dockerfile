@@ -36,16 +36,20 @@ LABEL org.opencontainers.image.title="ups" \
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/ups \
+    UPS_PINS=/app/pins.toml
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # A fixed uid, so host directories can be chowned to it (docs/docker.md). Ubuntu 24.04
-# bases ship a user "ubuntu" with uid 1000: that one gives way.
+# bases ship a user "ubuntu" with uid 1000: that one gives way. HOME is open to any uid,
+# for `user: UID:GID` in compose (W&B and torch keep small caches there).
 RUN if getent passwd "${UPS_UID}" >/dev/null; then \
         userdel --remove "$(getent passwd "${UPS_UID}" | cut -d: -f1)" 2>/dev/null || true; \
     fi \
     && useradd --create-home --uid "${UPS_UID}" --shell /bin/bash ups \
+    && chmod 1777 /home/ups \
     && mkdir -p /app/runs /app/data /app/cache \
     && chown -R ups:ups /app
 

