@@ -73,6 +73,9 @@ def test_every_task_shares_the_operator() -> None:
     """One transformer serves all tasks: a gradient from any one task reaches the shared
     operator, and only that task's own encoder/decoder."""
     model = _model(ADVECTION, DARCY)
+    # Decoders start at zero (the untrained model is the baseline); give this one weights
+    # so the gradient can flow back through it.
+    torch.nn.init.normal_(model.decoders["advection"].proj.weight)
     model({"advection": torch.randn(2, 1, 64)})["advection"].pow(2).mean().backward()
     shared = [p.grad for p in model.operator.parameters()]
     assert all(g is not None and g.abs().sum() > 0 for g in shared)
@@ -98,3 +101,15 @@ def test_every_misfit_is_listed_at_once() -> None:
     assert problems[0].startswith("model.patch_1d=7")
     assert problems[1].startswith("model.patch_2d=3")
     assert model_problems([ADVECTION, DARCY], SMALL) == []
+
+
+def test_untrained_model_is_the_baseline() -> None:
+    """Zero-initialised decoders: an untrained model predicts persistence for time tasks and
+    the given mean field for steady ones, so training starts from the baseline."""
+    mean = torch.rand(1, 16, 16)
+    darcy = TaskShape("darcy", 1, 1, (16, 16), steady=True, out_offset=mean, out_scale=0.1)
+    model = _model(ADVECTION, darcy)
+    x1, x2 = torch.randn(3, 1, 64), torch.randn(3, 1, 16, 16)
+    out = model({"advection": x1, "darcy": x2})
+    assert torch.equal(out["advection"], x1)
+    assert torch.equal(out["darcy"], mean.expand(3, 1, 16, 16))

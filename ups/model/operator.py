@@ -27,6 +27,9 @@ class TaskShape:
     channels_out: int
     spatial: tuple[int, ...]
     steady: bool
+    out_offset: Tensor | None = None
+    """Steady tasks: the mean training solution. The decoder predicts the deviation from it
+    and starts at zero, so an untrained model already equals the mean-field baseline."""
     out_scale: float = 1.0
     """Typical size of what the decoder predicts (the field for steady tasks, the one-step
     change for time tasks); the decoder works in units of it, so training starts at the
@@ -62,11 +65,19 @@ class PatchDecoder(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.proj = deconv(dim, shape.channels_out, kernel_size=patch, stride=patch)
         self.grid = tuple(size // patch for size in shape.spatial)
+        # Zero-initialised: the untrained model is the baseline (persistence or mean field).
+        nn.init.zeros_(self.proj.weight)
+        if self.proj.bias is not None:
+            nn.init.zeros_(self.proj.bias)
         self.register_buffer("scale", torch.tensor(float(shape.out_scale)))
+        offset = shape.out_offset
+        if offset is None:
+            offset = torch.zeros(shape.channels_out, *shape.spatial)
+        self.register_buffer("offset", offset.reshape(shape.channels_out, *shape.spatial).clone())
 
     def forward(self, z: Tensor) -> Tensor:
         z = self.norm(z).transpose(1, 2)
-        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid)) * self.scale
+        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid)) * self.scale + self.offset
         return out
 
 

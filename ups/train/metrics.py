@@ -22,8 +22,10 @@ def mean_target(dataset: PDEBenchDataset, limit: int = 256) -> Tensor:
     return torch.as_tensor(total) / n
 
 
-def output_scale(dataset: PDEBenchDataset, steady: bool, limit: int = 256) -> float:
-    """RMS of what the model must predict: ``y`` for steady tasks, ``y - x`` for time tasks.
+def output_scale(
+    dataset: PDEBenchDataset, steady: bool, offset: Tensor | None = None, limit: int = 256
+) -> float:
+    """RMS of what the decoder must predict: ``y - offset`` (steady) or ``y - x`` (time tasks).
 
     Computed from the first ``limit`` training items, so every rank gets the same value.
     """
@@ -31,7 +33,7 @@ def output_scale(dataset: PDEBenchDataset, steady: bool, limit: int = 256) -> fl
     total = 0.0
     for i in range(n):
         x, y, _ = dataset[i]
-        target = y if steady else y - x
+        target = y - (offset if offset is not None else 0.0) if steady else y - x
         total += float(target.pow(2).mean())
     rms: float = (total / max(n, 1)) ** 0.5
     return max(rms, 1e-8)

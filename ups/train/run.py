@@ -35,7 +35,7 @@ from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
 from ups.train.faults import FaultInjector
 from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule
-from ups.train.metrics import output_scale
+from ups.train.metrics import mean_target, output_scale
 from ups.train.signals import StopFlag
 from ups.train.tracking import Tracker
 
@@ -44,24 +44,35 @@ _fault_log: IO[str] | None = None  # kept open for faulthandler for the life of 
 
 
 def task_shapes(
-    infos: dict[str, TaskInfo], scales: dict[str, float] | None = None
+    infos: dict[str, TaskInfo],
+    scales: dict[str, float] | None = None,
+    offsets: dict[str, torch.Tensor] | None = None,
 ) -> list[TaskShape]:
-    scales = scales or {}
+    scales, offsets = scales or {}, offsets or {}
     return [
         TaskShape(
-            i.name, i.channels, i.channels, tuple(i.spatial), i.steady, scales.get(i.name, 1.0)
+            i.name,
+            i.channels,
+            i.channels,
+            tuple(i.spatial),
+            i.steady,
+            out_offset=offsets.get(i.name),
+            out_scale=scales.get(i.name, 1.0),
         )
         for i in infos.values()
     ]
 
 
 def make_model(cfg: Config, infos: dict[str, TaskInfo]) -> LatentOperator:
-    """The model for these tasks, its decoders scaled to each task's training targets."""
-    scales = {
-        t.name: output_scale(PDEBenchDataset(t, "train", infos[t.name]), infos[t.name].steady)
-        for t in cfg.tasks
-    }
-    return build_model(task_shapes(infos, scales), cfg.model)
+    """The model for these tasks, its decoders fitted to each task's training targets."""
+    scales, offsets = {}, {}
+    for t in cfg.tasks:
+        info = infos[t.name]
+        train = PDEBenchDataset(t, "train", info)
+        if info.steady:
+            offsets[t.name] = mean_target(train)
+        scales[t.name] = output_scale(train, info.steady, offsets.get(t.name))
+    return build_model(task_shapes(infos, scales, offsets), cfg.model)
 
 
 def params_digest(model: torch.nn.Module) -> str:
