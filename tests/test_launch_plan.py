@@ -16,10 +16,10 @@ from ups.cli.launch import main as launch_main
 from ups.config import load_config
 from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
 from ups.launch.plan import LaunchPlan, LaunchRequest, build_plan
-from ups.launch.rundir import point_latest
 from ups.launch.runner import TorchrunResult, WorkerFailure
 from ups.launch.tee import LineTee
 from ups.outcome import EXIT_CONFIG, Outcome, read_outcome, write_outcome
+from ups.rundir import mark_latest
 
 
 def _plan(tmp_path: Path, **kw: object) -> LaunchPlan:
@@ -196,13 +196,19 @@ def test_tee_writes_raw_lines_to_file_and_renders_for_terminals(tmp_path: Path) 
     assert "train_step" in shown and "step=3" in shown and '{"event"' not in shown
 
 
-def test_latest_points_at_the_newest_run(tmp_path: Path) -> None:
-    """`<output_dir>/latest` is a relative symlink repointed to each new run."""
-    for name in ("a", "b"):
-        (tmp_path / name).mkdir()
-        link = point_latest(tmp_path / name)
-    assert link.is_symlink() and link.readlink() == Path("b")
-    assert link.resolve() == (tmp_path / "b").resolve()
+def test_same_command_after_preemption_reuses_the_run_id(tmp_path: Path) -> None:
+    """When `latest` is a preempted run of the same name, planning the same command again
+    picks that run id (so it resumes); after a finished run it plans a new one."""
+    out = tmp_path / "runs"
+    first = _plan(tmp_path)
+    run_dir = Path(first.run_dir)
+    mark_latest(out, run_dir)
+    write_outcome(
+        run_dir, Outcome(run_id=first.run_id, outcome="preempted", exit_code=75, reason="t")
+    )
+    assert _plan(tmp_path).run_id == first.run_id
+    write_outcome(run_dir, Outcome(run_id=first.run_id, outcome="finished", exit_code=0, reason=""))
+    assert _plan(tmp_path).run_id != first.run_id
 
 
 def test_tee_keeps_the_log_when_the_console_goes_away(tmp_path: Path) -> None:

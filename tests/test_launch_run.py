@@ -108,7 +108,7 @@ def test_preempted_outcome_sets_exit_code_75(tmp_path: Path) -> None:
     proc = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight")
     assert proc.returncode == 75, proc.stdout + proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert last["outcome"] == "preempted" and "--run-id" in last["resume"]
+    assert last["outcome"] == "preempted" and "same command" in last["resume"]
 
 
 def _torchrun_never_started(run_dir: Path) -> bool:

@@ -15,11 +15,11 @@ import structlog
 from ups.config import Config
 from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
 from ups.launch.plan import LaunchPlan
-from ups.launch.rundir import point_latest, prepare_run_dir
 from ups.launch.runner import run_torchrun
 from ups.launch.tee import LineTee
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome, write_outcome
+from ups.rundir import mark_latest
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
 
@@ -38,7 +38,7 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         level = log.info
     elif outcome.outcome == "preempted":
         level = log.warning
-        extra["resume"] = f"run the same ups launch command with --run-id {plan.run_id}"
+        extra["resume"] = f"run the same command again (or add --run-id {plan.run_id})"
     else:
         level = log.error
     level(
@@ -56,10 +56,10 @@ def execute(
 ) -> int:
     """Run the plan and return the process exit code (see ``finalize.exit_code``)."""
     run_dir = Path(plan.run_dir)
-    prepare_run_dir(run_dir)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     set_aside_previous_outcome(run_dir)
     if plan.node_rank == 0:
-        point_latest(run_dir)
+        mark_latest(Path(plan.output_dir), run_dir)
     with LineTee(Path(plan.log_path), console or sys.stdout) as tee:
         _setup_logging(plan, tee)
         try:

@@ -7,15 +7,14 @@ the plan shows the port the run will really use. ``--dry-run`` prints the plan.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ups.config import Config
+from ups.rundir import resolve_run_id
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -125,28 +124,19 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def make_run_id(name: str, output_dir: Path, now: dt.datetime | None = None) -> str:
-    """``<name>-<YYYYmmdd-HHMMSS>`` (UTC), with a short suffix if that directory exists."""
-    stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%d-%H%M%S")
-    run_id = f"{name}-{stamp}"
-    if (output_dir / run_id).exists():
-        run_id = f"{run_id}-{secrets.token_hex(2)}"
-    return run_id
-
-
 def _resolve_run_id(
     req: LaunchRequest, cfg: Config | None, output_dir: Path, environ: Mapping[str, str]
 ) -> str:
+    """``--run-id`` > ``run.run_id`` > ``$UPS_RUN_ID`` > the preempted run behind ``latest``
+    (so running the same command again resumes it) > a new ``<name>-<time>-<hex>``."""
     fixed = req.run_id or (cfg.run.run_id if cfg else None) or environ.get("UPS_RUN_ID")
-    if fixed:
-        return fixed
-    if req.nnodes > 1:
+    if not fixed and req.nnodes > 1:
         raise ValueError(
             "ups launch: a multi-node run needs the same run id on every node; "
             "pass --run-id ID (or set run.run_id / UPS_RUN_ID) on each node"
         )
     name = cfg.run.name if cfg else Path(req.script or "run").stem
-    return make_run_id(name, output_dir)
+    return resolve_run_id(output_dir, name, fixed)
 
 
 def _resolve_nproc(req: LaunchRequest, cfg: Config | None, gpu_count: int) -> tuple[int, str]:
