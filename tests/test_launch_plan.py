@@ -223,3 +223,24 @@ def test_tee_keeps_the_log_when_the_console_goes_away(tmp_path: Path) -> None:
         tee.write_line("one")
         tee.write_line("two")
     assert (tmp_path / "launch.log").read_text().splitlines() == ["one", "two"]
+
+
+def test_trainer_failure_gets_the_signal_torchrun_saw(tmp_path: Path) -> None:
+    """The trainer's survivor reports "a peer died"; launch adds that rank 1 died of SIGSEGV
+    (ranked above rank 0's own non-zero exit, which was only the reaction)."""
+    plan = _plan(tmp_path)
+    write_outcome(
+        Path(plan.run_dir),
+        Outcome(run_id="r", outcome="failed", exit_code=1, reason="a peer rank died at step 2"),
+    )
+    result = TorchrunResult(
+        rc=1,
+        status="failed",
+        failures=[_failure(0, message="RuntimeError: Connection reset by peer", timestamp=50),
+                  _failure(1, exitcode=-11, signal="SIGSEGV", timestamp=60)],
+    )  # fmt: skip
+    outcome = finalize_outcome(plan, result)
+    assert (outcome.failed_rank, outcome.signal) == (1, "SIGSEGV")
+    assert outcome.reason.startswith(
+        "a peer rank died at step 2; torchrun: rank 1 died with SIGSEGV"
+    )

@@ -31,6 +31,24 @@ def test_trainer_finishes_through_launch(make_config: Callable[..., Path], tmp_p
     assert list((run_dir / "checkpoints").glob("step_*.pt"))
 
 
+def test_trainer_segfault_names_rank_and_signal(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """An injected segfault on rank 1 of the real trainer: launch exits 1 and outcome.json
+    names rank 1 and SIGSEGV, with rank 1's log (holding the faulthandler stack) to read."""
+    config = make_config(
+        training={"max_steps": 20}, faults=[{"kind": "segfault", "rank": 1, "step": 2}]
+    )
+    proc = run_launch(str(config), "--run-id", "sf", "--skip-preflight")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    outcome = outcome_of(tmp_path / "runs" / "sf")
+    assert (outcome["outcome"], outcome["failed_rank"], outcome["signal"]) == (
+        "failed", 1, "SIGSEGV",
+    )  # fmt: skip
+    assert "rank 1 died with SIGSEGV" in outcome["reason"]
+    assert "Segmentation fault" in Path(outcome["traceback"]).read_text()
+
+
 def test_sigterm_preempts_with_75_and_the_run_id_resumes(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:

@@ -98,16 +98,31 @@ def finalize_outcome(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
             checkpoint=written.checkpoint,
             metrics=written.metrics,
         )
-    elif written.outcome == "failed" and written.failed_rank is None and cause is not None:
-        final = dataclasses.replace(
-            written,
-            failed_rank=cause.rank,
-            signal=written.signal or cause.signal,
-            traceback=written.traceback or _traceback_location(plan, cause),
-        )
+    elif written.outcome == "failed" and cause is not None:
+        final = _amend_failed(plan, written, result, cause)
     if final is not written:
         write_outcome(run_dir, final)
     return final
+
+
+def _amend_failed(
+    plan: LaunchPlan, written: Outcome, result: TorchrunResult, cause: WorkerFailure
+) -> Outcome:
+    """Add what only torchrun saw to the trainer's "failed": the rank, and how it died.
+
+    The trainer's surviving rank knows that a peer died, rarely which one or of what.
+    """
+    rank = cause.rank if written.failed_rank is None else written.failed_rank
+    failure = result.failure_of(rank) or cause
+    changes: dict[str, Any] = {}
+    if written.failed_rank is None:
+        changes["failed_rank"] = failure.rank
+    if written.signal is None and failure.signal:
+        changes["signal"] = failure.signal
+        changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
+    if written.traceback is None:
+        changes["traceback"] = _traceback_location(plan, failure)
+    return dataclasses.replace(written, **changes) if changes else written
 
 
 def exit_code(outcome: Outcome, torchrun_rc: int) -> int:

@@ -54,21 +54,27 @@ class TorchrunResult:
     received_signal: str | None = None
     """The signal ``ups launch`` received and forwarded, if any."""
 
+    def failure_of(self, rank: int) -> WorkerFailure | None:
+        return next((f for f in self.failures if f.rank == rank), None)
+
     def root_cause(self) -> WorkerFailure | None:
         """The failure that started it: not a rank the agent stopped, then the earliest."""
         return min(self.failures, key=lambda f: (_collateral(f), f.timestamp, f.rank), default=None)
 
 
 def _collateral(f: WorkerFailure) -> int:
-    """How likely a failure is the agent tearing down survivors rather than a cause.
+    """How likely a failure is a consequence rather than the cause (0: most likely cause).
 
-    When one worker fails, torchrun sends SIGTERM to the others (SIGKILL after the grace
-    period), and a trainer that catches SIGTERM exits 75: those ranks are listed as
-    failures too, often with earlier timestamps.
+    A crash signal (SIGSEGV, SIGBUS, SIGABRT...) is a cause. A rank exiting non-zero is often
+    a peer reacting to that crash ("Connection reset by peer"). When one worker fails,
+    torchrun sends SIGTERM to the others (SIGKILL after the grace period), and a trainer
+    that catches SIGTERM exits 75: those ranks are listed as failures too.
     """
     if f.signal == "SIGTERM" or f.exitcode == EXIT_PREEMPTED:
-        return 2
+        return 3
     if f.signal == "SIGKILL":
+        return 2
+    if f.signal is None:
         return 1
     return 0
 
