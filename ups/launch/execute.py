@@ -58,8 +58,7 @@ def execute(
     run_dir = Path(plan.run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     set_aside_previous_outcome(run_dir)
-    if plan.node_rank == 0:
-        mark_latest(Path(plan.output_dir), run_dir)
+    mark_latest(Path(plan.output_dir), run_dir)
     with LineTee(Path(plan.log_path), console or sys.stdout) as tee:
         _setup_logging(plan, tee)
         try:
