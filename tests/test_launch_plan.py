@@ -244,3 +244,15 @@ def test_trainer_failure_gets_the_signal_torchrun_saw(tmp_path: Path) -> None:
     assert outcome.reason.startswith(
         "a peer rank died at step 2; torchrun: rank 1 died with SIGSEGV"
     )
+
+
+def test_output_dir_flag_reaches_the_trainer(
+    make_config: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--output-dir` with a CONFIG moves the run dir for launch and the trainer alike."""
+    config = make_config()
+    out = tmp_path / "elsewhere"
+    assert launch_main([str(config), "--output-dir", str(out), "--run-id", "o", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["run_dir"] == str(out / "o")
+    assert f"run.output_dir={out}" in plan["worker_argv"]

@@ -30,7 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address (multi-node)")
-    p.add_argument("--run-id", help="default: run.run_id, $UPS_RUN_ID, else <name>-<time>")
+    p.add_argument(
+        "--run-id",
+        help="default: run.run_id, $UPS_RUN_ID, the preempted run behind latest, else new",
+    )
     p.add_argument("--output-dir", help="default: run.output_dir from the config, else runs")
     p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
     p.add_argument("--skip-preflight", action="store_true")
@@ -58,6 +61,9 @@ def main(argv: list[str]) -> int:
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
     )
     args = _parser().parse_args(own)
+    if args.config and args.output_dir:
+        # One place decides where the run lives: the config, which the trainer reads too.
+        args.overrides.append(f"run.output_dir={args.output_dir}")
     try:
         req = LaunchRequest(
             config_path=args.config,
