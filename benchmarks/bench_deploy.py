@@ -126,6 +126,121 @@ def bench_stream(lines: int, rate: float, drops: int, keepalive: int) -> dict[st
         stop_sshd(server)
 
 
+def _transfer_bytes(
+    local: Any, remote_url: str, server: Any, root: Path, image: str
+) -> dict[str, Any]:
+    from ups.deploy import layers
+    from ups.deploy.remote_docker import remote_client
+
+    hosts = server.write_hosts(root / f"hosts-{abs(hash(image))}.yaml")
+    spec, known = get_host("test", hosts)
+    conn = connect(spec, known)
+    remote = remote_client(conn.transport, remote_url)
+    try:
+        t0 = time.time()
+        plan, sent = layers.transfer(local, remote, image, lambda n: None)
+        return {
+            "image": image,
+            "layers_sent": len(plan.missing),
+            "layers": plan.layers,
+            "bytes_sent": sent,
+            "uncompressed_layer_bytes": plan.missing_bytes,
+            "seconds": round(time.time() - t0, 1),
+        }
+    finally:
+        remote.close()
+        conn.close()
+
+
+def bench_layers_tiny() -> dict[str, Any]:
+    """First deploy vs one-line code change, with the tiny test image (private engines)."""
+    from tests.docker_fixtures import build_app, import_tiny_base, start_engine, stop_engine
+
+    root = Path(tempfile.mkdtemp(prefix="ups-bd-", dir="/tmp"))
+    server = start_sshd(root / "sshd")
+    local = start_engine(root / "l")
+    remote = start_engine(root / "r")
+    try:
+        client = local.client()
+        import_tiny_base(client, "ups-deploytest-base:1")
+        build_app(client, root / "ctx", "ups-deploytest:app", version="1")
+        first = _transfer_bytes(client, remote.url, server, root, "ups-deploytest:app")
+        build_app(client, root / "ctx", "ups-deploytest:app", version="2")
+        code = _transfer_bytes(client, remote.url, server, root, "ups-deploytest:app")
+        return {"first_deploy": first, "code_only_redeploy": code}
+    finally:
+        stop_engine(remote)
+        stop_engine(local)
+        stop_sshd(server)
+
+
+def bench_layers_real(image: str) -> dict[str, Any]:
+    """The real image from the machine's engine: whole first deploy, then a rebuild of the
+    project Dockerfile from the image's own sources plus one changed line in ups/."""
+    import io
+    import shutil
+    import tarfile
+
+    import docker
+
+    from tests.docker_fixtures import start_engine, stop_engine
+
+    repo = Path(__file__).resolve().parents[1]
+    local = docker.from_env()
+    src = local.images.get(image)
+    labels = src.labels
+    ctx = Path(tempfile.mkdtemp(prefix="ups-bd-ctx-"))
+    box = local.containers.create(image, entrypoint=["true"])
+    try:
+        for path in (
+            "/app/pyproject.toml",
+            "/app/requirements.lock",
+            "/app/pins.toml",
+            "/app/configs",
+            "/app/preflight",
+            "/app/ups",
+        ):
+            stream, _ = box.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                tar.extractall(ctx, filter="data")
+    finally:
+        box.remove()
+    (ctx / "docker").mkdir()
+    (ctx / "requirements.lock").rename(ctx / "docker" / "requirements.lock")
+    shutil.copy(repo / "Dockerfile", ctx / "Dockerfile")
+    with (ctx / "ups" / "__init__.py").open("a") as fh:
+        fh.write("# one-line code change (benchmarks/bench_deploy.py)\n")
+    args = {
+        "BASE_IMAGE": labels["org.opencontainers.image.base.name"],
+        "VERSION": labels["org.opencontainers.image.version"],
+        "GIT_REVISION": labels["org.opencontainers.image.revision"],
+        "BUILD_DATE": labels["org.opencontainers.image.created"],
+        "TORCH_VERSION": labels["io.ups.pins.torch"],
+        "CUDA_VERSION": labels["io.ups.pins.cuda"],
+        "CUDNN_VERSION": labels["io.ups.pins.cudnn"],
+        "NCCL_VERSION": labels["io.ups.pins.nccl"],
+        "PYTHON_VERSION": labels["io.ups.pins.python"],
+    }
+    t0 = time.time()
+    local.images.build(
+        path=str(ctx), tag=f"{image}-codechange", buildargs=args, network_mode="host", rm=True
+    )
+    build_s = round(time.time() - t0, 1)
+    shutil.rmtree(ctx, ignore_errors=True)
+    root = Path(tempfile.mkdtemp(prefix="ups-bd-", dir="/tmp"))
+    server = start_sshd(root / "sshd")
+    remote = start_engine(root / "r")
+    try:
+        first = _transfer_bytes(local, remote.url, server, root, image)
+        code = _transfer_bytes(local, remote.url, server, root, f"{image}-codechange")
+        code["rebuild_seconds"] = build_s
+        return {"first_deploy": first, "code_only_redeploy": code}
+    finally:
+        stop_engine(remote)
+        stop_sshd(server)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lines", type=int, default=3000)
@@ -133,18 +248,21 @@ def main() -> int:
     p.add_argument("--drops", type=int, default=5)
     p.add_argument("--keepalive", type=int, default=2)
     p.add_argument("--docker", action="store_true", help="also measure image transfer bytes")
+    p.add_argument("--real-image", help="with --docker: also measure this image (e.g. ups:cpu)")
+    p.add_argument("--skip-stream", action="store_true")
     args = p.parse_args()
     setup_logging(console=True, stdout=sys.stderr)
-    result: dict[str, Any] = {
-        "stream_steady": bench_stream(args.lines // 3, args.rate, 0, args.keepalive),
-        "stream": bench_stream(args.lines, args.rate, args.drops, args.keepalive),
-    }
+    result: dict[str, Any] = {}
+    if not args.skip_stream:
+        result["stream_steady"] = bench_stream(args.lines // 3, args.rate, 0, args.keepalive)
+        result["stream"] = bench_stream(args.lines, args.rate, args.drops, args.keepalive)
     if args.docker:
-        from benchmarks.bench_deploy_docker import bench_layers  # type: ignore[import-not-found]
-
-        result["docker"] = bench_layers()
+        result["docker_tiny"] = bench_layers_tiny()
+        if args.real_image:
+            result["docker_real"] = bench_layers_real(args.real_image)
     sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    return 0 if result["stream"]["lines_lost"] == 0 and result["stream"]["byte_identical"] else 1
+    stream = result.get("stream", {"lines_lost": 0, "byte_identical": True})
+    return 0 if stream["lines_lost"] == 0 and stream["byte_identical"] else 1
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def ship_image(target: Target, conn: Connection) -> tuple[int, str]:
         progress = Progress(f"image {spec.image}", None, target.out)
         plan, sent = layers.transfer(local, remote, spec.image, progress.update)
         progress.close()
-        return sent, f"{plan.describe()}; sent {human_bytes(sent)}"
+        return sent, f"{plan.describe()}; sent {sent} bytes ({human_bytes(sent)})"
     finally:
         remote.close()
         local.close()

@@ -1,0 +1,182 @@
+"""Two private Docker engines (a "local" and a "remote" one) and a tiny test image.
+
+The deploy tests need a remote daemon that lacks the image, so they never share the
+machine's engine: each engine here has its own data root, exec root and socket
+(vfs storage, no iptables, no bridge, as REFERENCE §7 runs dockerd).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DOCKERD = shutil.which("dockerd")
+TOOLS = ["/bin/dash", "/bin/sleep", "/bin/mkdir", "/bin/cat"]
+
+
+@dataclass
+class Engine:
+    root: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.root / 'sock'}"
+
+    def client(self) -> Any:
+        import docker
+
+        return docker.DockerClient(base_url=self.url, version="1.41", timeout=300)
+
+
+def start_engine(root: Path) -> Engine:
+    root.mkdir(parents=True, exist_ok=True)
+    log = (root / "dockerd.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(DOCKERD),
+            "--data-root",
+            str(root / "data"),
+            "--exec-root",
+            str(root / "exec"),
+            "--pidfile",
+            str(root / "pid"),
+            "-H",
+            f"unix://{root / 'sock'}",
+            "--storage-driver=vfs",
+            "--iptables=false",
+            "--ip6tables=false",
+            "--bridge=none",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    engine = Engine(root=root, proc=proc)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError((root / "dockerd.log").read_text()[-2000:])
+        try:
+            engine.client().ping()
+            return engine
+        except Exception:
+            time.sleep(0.2)  # polling for the daemon's socket, bounded by the deadline
+    proc.kill()
+    raise RuntimeError("dockerd did not answer within 60 s")
+
+
+def stop_engine(engine: Engine) -> None:
+    engine.proc.terminate()
+    try:
+        engine.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        engine.proc.kill()
+        engine.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[Engine, Engine]]:
+    """(local, remote) private Docker engines, stopped after the module."""
+    if DOCKERD is None or os.geteuid() != 0:
+        pytest.skip("needs dockerd and root (scripts/docker-engine.sh installs it)")
+    base = Path(tempfile.mkdtemp(prefix="ups-dk-", dir="/tmp"))  # short: socket path limit
+    local = start_engine(base / "local")
+    try:
+        remote = start_engine(base / "remote")
+    except Exception:
+        stop_engine(local)
+        raise
+    try:
+        yield local, remote
+    finally:
+        stop_engine(remote)
+        stop_engine(local)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _libs(binary: str) -> set[str]:
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, check=True).stdout
+    libs = set()
+    for line in out.splitlines():
+        parts = line.split()
+        for p in parts:
+            if p.startswith("/"):
+                libs.add(p)
+    return libs
+
+
+def import_tiny_base(client: Any, tag: str) -> None:
+    """A few-MB image with /bin/sh and coreutils from this machine (no registry needed)."""
+    files = set(TOOLS)
+    for tool in TOOLS:
+        files |= _libs(tool)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(files):
+            tar.add(os.path.realpath(path), arcname=path.lstrip("/"))
+        sh = tarfile.TarInfo("bin/sh")
+        sh.type, sh.linkname = tarfile.SYMTYPE, "dash"
+        tar.addfile(sh)
+    repo, _, version = tag.partition(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version)
+
+
+TRAIN_SH = """#!/bin/sh
+# Stand-in for `ups launch` in the tiny image: JSON lines into the run's launch.log.
+d=/app/runs/$UPS_RUN_ID/logs
+mkdir -p "$d"
+i=0
+while [ $i -lt {lines} ]; do
+  printf '{{"event":"step","level":"info","step":%d,"version":"{version}"}}\\n' $i \\
+    >> "$d/launch.log"
+  i=$((i+1))
+  sleep 0.05
+done
+echo 'raw line from the container' >> "$d/launch.log"
+exit {exit_code}
+"""
+
+
+def build_app(
+    client: Any, ctx: Path, tag: str, *, version: str, exit_code: int = 0, lines: int = 20
+) -> Any:
+    """Build FROM the tiny base: a deps layer (4 MB) then a code layer (train.sh)."""
+    ctx.mkdir(parents=True, exist_ok=True)
+    deps = ctx / "deps.bin"
+    if not deps.exists():
+        deps.write_bytes(os.urandom(4 << 20))
+    (ctx / "train.sh").write_text(
+        TRAIN_SH.format(lines=lines, version=version, exit_code=exit_code)
+    )
+    (ctx / "Dockerfile").write_text(
+        "FROM ups-deploytest-base:1\nCOPY deps.bin /opt/deps.bin\nCOPY train.sh /app/train.sh\n"
+    )
+    image, _ = client.images.build(path=str(ctx), tag=tag, rm=True)
+    return image
+
+
+COMPOSE = """services:
+  preflight:
+    image: ${UPS_IMAGE}
+    network_mode: host
+    command: ["/bin/sh", "-c", "echo 'preflight OK (tiny image)'; exit ${FAKE_PREFLIGHT_EXIT:-0}"]
+  train-ddp:
+    image: ${UPS_IMAGE}
+    network_mode: host
+    environment:
+      UPS_RUN_ID: ${UPS_RUN_ID}
+    volumes:
+      - ./runs:/app/runs
+    command: ["/bin/sh", "/app/train.sh"]
+"""

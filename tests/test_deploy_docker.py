@@ -1,0 +1,104 @@
+"""`fab deploy` to a `docker` host: a real sshd in front of a private Docker engine.
+
+The "local" engine builds the image, the "remote" engine (reached only through sshd)
+receives it; each is a private dockerd so the remote really lacks the layers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.deploy_fixtures import SshServer, demo_config, fab, sshd
+from tests.docker_fixtures import COMPOSE, Engine, build_app, engines, import_tiny_base
+
+__all__ = ["engines", "sshd"]  # fixtures used by name below
+
+pytestmark = [pytest.mark.docker, pytest.mark.ssh, pytest.mark.slow]
+
+IMAGE = "ups-deploytest:app"
+
+
+def _sent(stdout: str) -> int:
+    match = re.search(r"sent (\d+) bytes", stdout)
+    assert match, stdout
+    return int(match.group(1))
+
+
+def test_docker_deploy_sends_only_missing_layers(
+    engines: tuple[Engine, Engine], sshd: SshServer, tmp_path: Path
+) -> None:
+    """The first deploy ships the whole image; after a one-line code change the second ships
+    only the changed layer (a few KB instead of MB); each time `docker compose up -d` runs
+    the service remotely, its log streams back and `fab` exits with the container's code."""
+    local, remote = engines
+    client = local.client()
+    import_tiny_base(client, "ups-deploytest-base:1")
+    build_app(client, tmp_path / "ctx", IMAGE, version="1")
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(COMPOSE)
+    box = sshd.host_entry(
+        kind="docker", image=IMAGE, docker_host=remote.url, compose_files=[str(compose)]
+    )
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"box": box})
+    config = demo_config(tmp_path / "demo.yaml")
+    env = {**os.environ, "DOCKER_HOST": local.url}
+    args = ["deploy", "--host", "box", "--hosts-file", str(hosts), "--config", str(config)]
+
+    first = fab(*args, "--run", "d1", env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "send 3 of 3 layers" in first.stdout
+    assert "preflight OK (tiny image)" in first.stdout
+    assert "version=1" in first.stdout and "raw line from the container" in first.stdout
+    assert remote.client().images.get(IMAGE).id == client.images.get(IMAGE).id
+
+    build_app(client, tmp_path / "ctx", IMAGE, version="2", exit_code=3)  # one-line change
+    second = fab(*args, "--run", "d2", env=env)
+    assert second.returncode == 3, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "send 1 of 3 layers" in second.stdout
+    assert "version=2" in second.stdout
+    first_bytes, second_bytes = _sent(first.stdout), _sent(second.stdout)
+    assert first_bytes > 4_000_000  # the 4 MB random deps layer went once
+    assert second_bytes < 20_000
+    assert remote.client().images.get(IMAGE).id == client.images.get(IMAGE).id
+    log = sshd.root / "remote" / "runs" / "d2" / "logs" / "launch.log"
+    assert log.read_text().count('"version":"2"') == 20
+
+
+def test_docker_preflight_failure_starts_nothing(
+    engines: tuple[Engine, Engine], sshd: SshServer, tmp_path: Path
+) -> None:
+    """When the compose preflight service fails remotely, deploy shows its output, exits
+    non-zero and never starts the training service."""
+    local, remote = engines
+    client = local.client()
+    import_tiny_base(client, "ups-deploytest-base:1")
+    build_app(client, tmp_path / "ctx", IMAGE, version="pf")
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(COMPOSE.replace("${FAKE_PREFLIGHT_EXIT:-0}", "1"))
+    box = sshd.host_entry(
+        kind="docker", image=IMAGE, docker_host=remote.url, compose_files=[str(compose)]
+    )
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"box": box})
+    result = fab(
+        "deploy",
+        "--host",
+        "box",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(demo_config(tmp_path / "demo.yaml")),
+        "--run",
+        "pf",
+        env={**os.environ, "DOCKER_HOST": local.url},
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "preflight OK (tiny image)" in result.stdout  # the report is shown
+    assert "nothing was started" in result.stderr
+    running = remote.client().containers.list(
+        filters={"label": "com.docker.compose.service=train-ddp"}
+    )
+    assert running == []
