@@ -36,10 +36,11 @@ from preflight.checks.ports import pick_free_port
 from ups.log import setup_logging
 
 ITERS, WARMUP = 5, 2
-"""The check's own gloo settings (preflight.checks.allreduce.plan_for)."""
+"""The check's own gloo settings (preflight.checks.allreduce.plan_for); --iters changes both
+sides alike to average out a noisy machine."""
 
 
-def _bare_worker(rank: int, world: int, port: int, sizes: list[int], out: Any) -> None:
+def _bare_worker(rank: int, world: int, port: int, sizes: list[int], iters: int, out: Any) -> None:
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=dt.timedelta(seconds=60),
@@ -51,9 +52,9 @@ def _bare_worker(rank: int, world: int, port: int, sizes: list[int], out: Any) -
             dist.all_reduce(buf)
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(ITERS):
+        for _ in range(iters):
             dist.all_reduce(buf)
-        elapsed = torch.tensor([(time.perf_counter() - start) / ITERS])
+        elapsed = torch.tensor([(time.perf_counter() - start) / iters])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         algbw = size / float(elapsed) / 1e9
         rows.append({"bytes": size, "busbw_gbps": algbw * 2 * (world - 1) / world})
@@ -62,21 +63,21 @@ def _bare_worker(rank: int, world: int, port: int, sizes: list[int], out: Any) -
         out.put(rows)
 
 
-def bare_allreduce(world: int, sizes: list[int]) -> list[dict[str, float]]:
+def bare_allreduce(world: int, sizes: list[int], iters: int) -> list[dict[str, float]]:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = pick_free_port(0, "127.0.0.1")
     mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-        _bare_worker, args=(world, port, sizes, queue), nprocs=world, start_method="spawn"
+        _bare_worker, args=(world, port, sizes, iters, queue), nprocs=world, start_method="spawn"
     )
     rows: list[dict[str, float]] = queue.get()
     return rows
 
 
-def check_allreduce(world: int) -> tuple[list[dict[str, float]], float]:
+def check_allreduce(world: int, iters: int) -> tuple[list[dict[str, float]], float]:
     plan = AllReducePlan(
         backend="gloo", world_size=world, port=pick_free_port(0, "127.0.0.1"),
-        sizes=CPU_SIZES, iters=ITERS, warmup=WARMUP, timeout_s=120.0,
+        sizes=CPU_SIZES, iters=iters, warmup=WARMUP, timeout_s=120.0,
     )  # fmt: skip
     run = execute(plan)
     if not run.ok:
@@ -92,16 +93,19 @@ def _median_rows(runs: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 
 
 def time_preflight(config: Path | None, repeat: int) -> dict[str, Any]:
+    # 29500 may be held by a real run on a shared machine; time the check on a free port.
+    port = pick_free_port(29500)
     per_check: dict[str, list[float]] = {}
     totals, statuses = [], {}
     for _ in range(repeat):
-        report = run_preflight(PreflightOptions(config=config))
+        report = run_preflight(PreflightOptions(config=config, master_port=port))
         totals.append(report.duration_s)
         for r in report.results:
             per_check.setdefault(r.name, []).append(r.duration_s)
             statuses[r.name] = r.status.value
     cli = []
     cmd = [sys.executable, "-m", "preflight.cli", "--json", "--events", "off"]
+    cmd += ["--master-port", str(port)]
     if config:
         cmd += ["--config", str(config)]
     for _ in range(repeat):
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--iters", type=int, default=ITERS, help="timed iterations, both sides")
     p.add_argument("--json", type=Path, help="also write the numbers here")
     args = p.parse_args(argv)
     setup_logging(stdout=io.StringIO(), console=False)  # keep the tables readable
@@ -133,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     check_runs, bare_runs, walls = [], [], []
     for _ in range(args.repeat):  # interleaved, so machine load hits both sides alike
-        rows, wall = check_allreduce(args.procs)
+        rows, wall = check_allreduce(args.procs, args.iters)
         check_runs.append(rows)
         walls.append(wall)
-        bare_runs.append(bare_allreduce(args.procs, sizes))
+        bare_runs.append(bare_allreduce(args.procs, sizes, args.iters))
     check_rows = _median_rows(check_runs)
     bare_rows = _median_rows(bare_runs)
     check_elapsed = statistics.median(walls)
@@ -149,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<10} {row['status']:<6} {row['median_s']:>9.3f}")
     print(f"{'TOTAL':<10} {'':<6} {pre['in_process_s']:>9.3f}  (in process)")
     print(f"{'CLI':<10} {'':<6} {pre['cli_s']:>9.3f}  (`ups-preflight --json`, imports included)")
-    print(f"\ngloo all-reduce, {args.procs} CPU processes, {ITERS} iters after {WARMUP} warm-up")
+    print(
+        f"\ngloo all-reduce, {args.procs} CPU processes, {args.iters} iters after {WARMUP} warm-up"
+    )
     print(f"{'size':>9} {'check busbw':>12} {'bare busbw':>11} {'ratio':>6}")
     comparison = []
     for c, b in zip(check_rows, bare_rows, strict=True):
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
-            "config": str(config) if config else None, "repeat": args.repeat,
+            "config": str(config) if config else None, "repeat": args.repeat, "iters": args.iters,
             "load_average_1m": load_before,
             "preflight": pre, "allreduce": comparison, "allreduce_check_wall_s": check_elapsed,
         }, indent=2))  # fmt: skip
