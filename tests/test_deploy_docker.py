@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy_fixtures import SshServer, demo_config, fab, sshd
+from tests.deploy_fixtures import SshServer, demo_config, demo_data, fab, sshd
 from tests.docker_fixtures import COMPOSE, Engine, build_app, engines, import_tiny_base
 
-__all__ = ["engines", "sshd"]  # fixtures used by name below
+__all__ = ["demo_data", "engines", "sshd"]  # fixtures used by name below
 
 pytestmark = [pytest.mark.docker, pytest.mark.ssh, pytest.mark.slow]
 
@@ -102,3 +102,45 @@ def test_docker_preflight_failure_starts_nothing(
         filters={"label": "com.docker.compose.service=train-ddp"}
     )
     assert running == []
+
+
+def test_docker_deploy_real_image_with_project_compose(
+    sshd: SshServer, demo_data: Path, tmp_path: Path
+) -> None:
+    """With the project image (ups:cpu) and the repo's compose files, `fab deploy` runs the
+    compose preflight service, starts train-ddp detached, streams the trainer's log back
+    and exits 0 when the run finished."""
+    import shutil
+
+    import docker
+
+    try:
+        docker.from_env().images.get("ups:cpu")
+    except Exception:
+        pytest.skip("needs the machine's Docker engine with ups:cpu (scripts/build-images.sh)")
+    workdir = sshd.root / "remote"
+    shutil.copytree(demo_data, workdir / "data" / "demo")  # a volume cannot follow symlinks
+    box = sshd.host_entry(
+        kind="docker",
+        image="ups:cpu",
+        compose_files=["docker-compose.yml", "docker/compose.cpu.yml"],
+    )
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"box": box})
+    result = fab(
+        "deploy",
+        "--host",
+        "box",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(demo_config(tmp_path / "demo.yaml", max_steps=20)),
+        "--run",
+        "real",
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "remote already has" in result.stdout  # same engine: nothing to send
+    assert "remote preflight on box" in result.stdout
+    assert "train_step" in result.stdout
+    assert "finished (exit 0)" in result.stdout
+    assert (workdir / "runs" / "real" / "outcome.json").exists()

@@ -7,6 +7,7 @@ the ups installed in this checkout's venv, exactly as on a Vast instance running
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -30,6 +31,22 @@ from tests.deploy_fixtures import (
 __all__ = ["demo_data", "sshd"]  # fixtures used by name below
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+SECRET = "wandb-test-key-0123456789abcdef"
+
+
+def _argv_containing(text: str) -> list[str]:
+    """Command lines of running processes that contain ``text`` (what `ps` would show)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in argv:
+                found.append(argv)
+    return found
 
 
 def _setup(server: SshServer, data: Path, tmp_path: Path) -> tuple[Path, Path]:
@@ -65,6 +82,7 @@ def test_deploy_streams_to_completion_across_drops(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "WANDB_API_KEY": SECRET},
     )
     out: list[str] = []
     started = threading.Event()
@@ -79,7 +97,9 @@ def test_deploy_streams_to_completion_across_drops(
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     drops = 0
+    leaked_argv: list[str] = []
     if started.wait(timeout=120):
+        leaked_argv = _argv_containing(SECRET)
         for _ in range(3):
             time.sleep(2.0)  # spread the drops over the ~20 s run
             drops += sshd.drop_sessions()
@@ -95,6 +115,12 @@ def test_deploy_streams_to_completion_across_drops(
     assert "reconnects" in stdout and "0 reconnects" not in stdout
     remote_log = workdir / "runs" / "e2e" / "logs" / "launch.log"
     assert saved.read_bytes() == remote_log.read_bytes()
+    # The W&B key travelled in a 0600 file: never on a command line, in the plan or logs.
+    state = workdir / ".ups" / "deploy" / "e2e"
+    assert leaked_argv == []
+    assert (state / "secrets.env").stat().st_mode & 0o777 == 0o600
+    assert SECRET not in stdout + stderr + (state / "run.sh").read_text()
+    assert SECRET.encode() not in remote_log.read_bytes()
     outcome = json.loads((workdir / "runs" / "e2e" / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
 
@@ -240,3 +266,30 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
     assert f"host key for [127.0.0.1]:{server.port} CHANGED" in second.stderr
     assert second.stderr.count("SHA256:") == 2
     assert "ssh-keygen -R" in second.stderr
+
+
+def test_ssh_config_alias_and_jump_host(sshd: SshServer, tmp_path: Path) -> None:
+    """A host given only as an alias from an OpenSSH config (HostName, Port, User,
+    IdentityFile) connects, and so does one reached through a jump host."""
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host gpu-alias\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+        f"  IdentityFile {sshd.client_key}\n"
+    )
+    jump = f"root@127.0.0.1:{sshd.port}"
+    hosts = sshd.write_hosts(
+        tmp_path / "hosts.yaml",
+        {
+            "aliased": {
+                "host": "gpu-alias",
+                "ssh_config": str(ssh_config),
+                "workdir": str(sshd.root / "remote"),
+            },
+            "jumped": sshd.host_entry(jump=jump),
+        },
+    )
+    for name in ("aliased", "jumped"):
+        result = fab("status", "--host", name, "--hosts-file", str(hosts), timeout=60)
+        # Connected and verified: the only complaint is that nothing was deployed there yet.
+        assert result.returncode == 3
+        assert f"no run deployed on {name!r} yet" in result.stderr, result.stderr

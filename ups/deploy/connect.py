@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-from fabric import Connection
+from fabric import Config, Connection
 
 from ups.deploy.errors import DeployError, HostKeyChanged
 from ups.deploy.hostkeys import (
@@ -49,6 +49,9 @@ def _connection(
         gateway = _connection(
             jump.model_copy(update={"jump": None}), known_hosts, on_new_key, timeout
         )
+    extra: dict[str, Any] = {}
+    if spec.ssh_config:
+        extra["config"] = Config(runtime_ssh_path=str(Path(spec.ssh_config).expanduser()))
     conn = Connection(
         spec.host,
         user=spec.user,
@@ -56,6 +59,7 @@ def _connection(
         connect_kwargs=connect_kwargs,
         connect_timeout=timeout,
         gateway=gateway,
+        **extra,
     )
     load_into(conn.client, known_hosts)
     conn.client.set_missing_host_key_policy(RecordFirstKeyPolicy(known_hosts, on_new_key))

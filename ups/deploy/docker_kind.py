@@ -33,6 +33,7 @@ def compose_prefix(spec: HostSpec, run: rc.RemoteRun) -> str:
     files = " ".join(f"-f {rc.q(Path(f).name)}" for f in spec.compose_files)
     env = {
         "UPS_IMAGE": spec.image,
+        "UPS_IMAGE_CPU": spec.image,  # the CPU override (docker/compose.cpu.yml) reads this
         "UPS_RUN_ID": run.run_id,
         "UPS_CONFIG": posixpath.relpath(run.state("config.yaml"), run.workdir),
     }
@@ -160,9 +161,7 @@ def deploy(
         cd = f"cd {rc.q(spec.workdir)} && {_secrets_line(run)} && "
         if not skip_preflight:
             result = execute._run(conn, f"{cd}{compose} run --rm {spec.preflight_service}", spec)
-            target.say(
-                f"remote preflight on {spec.name}:\n{(result.stdout + result.stderr).rstrip()}"
-            )
+            execute.show_report(target, result.stdout + result.stderr)
             if result.exited != 0:
                 raise PreflightFailed(
                     f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was "
@@ -189,7 +188,14 @@ def deploy(
 
 def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
     spec, run = target.spec, plan.remote
-    mk = execute._run(conn, f"mkdir -p {rc.q(run.state_dir)} {rc.q(run.run_dir)}", spec)
+    runs = rc.q(posixpath.join(spec.workdir, spec.runs_dir))
+    # The image runs as a fixed uid (docs/docker.md); it must be able to write the runs volume.
+    owner = (
+        f"chown {rc.q(spec.container_user)} {runs} 2>/dev/null || true"
+        if (spec.container_user)
+        else "true"
+    )
+    mk = execute._run(conn, f"mkdir -p {rc.q(run.state_dir)} {runs} && {owner}", spec)
     if mk.exited != 0:
         raise DeployError(f"cannot create {run.state_dir} on {spec.name!r}: {mk.stderr}")
     sftp = conn.sftp()

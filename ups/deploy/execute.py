@@ -134,13 +134,19 @@ def remote_preflight(target: Target, conn: Connection, command: str) -> None:
     """Run preflight on the host and show its report; raise with the report on failure."""
     spec = target.spec
     result = _run(conn, f"cd {rc.q(spec.workdir)} && {command}", spec)
-    report = (result.stdout + result.stderr).rstrip()
-    target.say(f"remote preflight on {spec.name}:\n{report}")
+    show_report(target, result.stdout + result.stderr)
     if result.exited != 0:
         raise PreflightFailed(
             f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was started. "
             "Fix the failing checks above (each names its fix) and deploy again."
         )
+
+
+def show_report(target: Target, text: str) -> None:
+    """Show the remote preflight output; JSON log lines are rendered for people."""
+    colors = target.out.isatty()
+    lines = [render_line(line, colors=colors) for line in text.rstrip().splitlines()]
+    target.say(f"remote preflight on {target.spec.name}:\n" + "\n".join(lines))
 
 
 def deploy(

@@ -67,10 +67,14 @@ class HostSpec(_Strict):
     """docker kind: local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
     compose_service: str = "train-ddp"
     preflight_service: str = "preflight"
+    container_user: str | None = "1000:1000"
+    """docker kind: uid:gid the image runs as; deploy chowns the runs directory to it."""
     runs_dir: str = "runs"
     """docker kind: host directory (relative to ``workdir``) mounted as the runs volume."""
     docker_host: str | None = None
     """docker kind: remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
+    ssh_config: str | None = None
+    """OpenSSH client config to read aliases from (default: ``~/.ssh/config``)."""
     connect_timeout: float = Field(10.0, gt=0)
     keepalive_s: int = Field(5, ge=1)
 
