@@ -29,6 +29,12 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
     except DeployError as exc:
         (err or sys.stderr).write(f"error: {exc}\n")
         return exc.exit_code
+    except KeyboardInterrupt:
+        (err or sys.stderr).write(
+            "interrupted: stopped following only; a started run keeps going remotely "
+            "(`fab logs --host HOST` re-attaches, `fab stop --host HOST` stops it)\n"
+        )
+        return 130
 
 
 def deploy(
