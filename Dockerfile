@@ -10,28 +10,7 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407
 FROM ${BASE_IMAGE}
 
-ARG BASE_IMAGE
-ARG VERSION=0.1.0
-ARG GIT_REVISION=unknown
-ARG BUILD_DATE=unknown
-ARG TORCH_VERSION=2.13.0
-ARG CUDA_VERSION=13.0
-ARG CUDNN_VERSION=9
-ARG NCCL_VERSION=2
-ARG PYTHON_VERSION=3.11
 ARG UPS_UID=1000
-
-LABEL org.opencontainers.image.title="ups" \
-      org.opencontainers.image.description="Containerized PyTorch DDP job runner for PDE surrogate models" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${GIT_REVISION}" \
-      org.opencontainers.image.created="${BUILD_DATE}" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      io.ups.pins.torch="${TORCH_VERSION}" \
-      io.ups.pins.cuda="${CUDA_VERSION}" \
-      io.ups.pins.cudnn="${CUDNN_VERSION}" \
-      io.ups.pins.nccl="${NCCL_VERSION}" \
-      io.ups.pins.python="${PYTHON_VERSION}"
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -73,6 +52,30 @@ COPY ups/ ups/
 RUN python -m pip install --no-deps --no-build-isolation . \
     && rm -rf build ./*.egg-info \
     && ups --version
+
+# Metadata last: build args are part of every later RUN's cache key in the legacy
+# builder, so a new git revision or date must not invalidate the dependency layer.
+ARG BASE_IMAGE
+ARG VERSION=0.1.0
+ARG GIT_REVISION=unknown
+ARG BUILD_DATE=unknown
+ARG TORCH_VERSION=2.13.0
+ARG CUDA_VERSION=13.0
+ARG CUDNN_VERSION=9
+ARG NCCL_VERSION=2
+ARG PYTHON_VERSION=3.11
+
+LABEL org.opencontainers.image.title="ups" \
+      org.opencontainers.image.description="Containerized PyTorch DDP job runner for PDE surrogate models" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${GIT_REVISION}" \
+      org.opencontainers.image.created="${BUILD_DATE}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.ups.pins.torch="${TORCH_VERSION}" \
+      io.ups.pins.cuda="${CUDA_VERSION}" \
+      io.ups.pins.cudnn="${CUDNN_VERSION}" \
+      io.ups.pins.nccl="${NCCL_VERSION}" \
+      io.ups.pins.python="${PYTHON_VERSION}"
 
 USER ${UPS_UID}
 ENTRYPOINT ["ups", "launch"]
