@@ -174,21 +174,15 @@ def bench_layers_tiny() -> dict[str, Any]:
         stop_sshd(server)
 
 
-def bench_layers_real(image: str) -> dict[str, Any]:
-    """The real image from the machine's engine: whole first deploy, then a rebuild of the
-    project Dockerfile from the image's own sources plus one changed line in ups/."""
+def rebuild_with_code_change(local: Any, image: str) -> tuple[str, float]:
+    """Rebuild the project Dockerfile from ``image``'s own sources and build args plus one
+    changed line in ups/: what a code-only change produces. Returns (tag, seconds)."""
     import io
     import shutil
     import tarfile
 
-    import docker
-
-    from tests.docker_fixtures import start_engine, stop_engine
-
     repo = Path(__file__).resolve().parents[1]
-    local = docker.from_env()
-    src = local.images.get(image)
-    labels = src.labels
+    labels = local.images.get(image).labels
     ctx = Path(tempfile.mkdtemp(prefix="ups-bd-ctx-"))
     box = local.containers.create(image, entrypoint=["true"])
     try:
@@ -221,18 +215,30 @@ def bench_layers_real(image: str) -> dict[str, Any]:
         "NCCL_VERSION": labels["io.ups.pins.nccl"],
         "PYTHON_VERSION": labels["io.ups.pins.python"],
     }
+    tag = f"{image}-codechange"
     t0 = time.time()
-    local.images.build(
-        path=str(ctx), tag=f"{image}-codechange", buildargs=args, network_mode="host", rm=True
-    )
-    build_s = round(time.time() - t0, 1)
+    local.images.build(path=str(ctx), tag=tag, buildargs=args, network_mode="host", rm=True)
     shutil.rmtree(ctx, ignore_errors=True)
+    return tag, round(time.time() - t0, 1)
+
+
+def bench_layers_real(image: str) -> dict[str, Any]:
+    """The real image from the machine's engine: whole first deploy, then the code-only
+    rebuild (:func:`rebuild_with_code_change`) deployed on top."""
+    import shutil
+
+    import docker
+
+    from tests.docker_fixtures import start_engine, stop_engine
+
+    local = docker.from_env()
+    changed, build_s = rebuild_with_code_change(local, image)
     root = Path(tempfile.mkdtemp(prefix="ups-bd-", dir="/tmp"))
     server = start_sshd(root / "sshd")
     remote = start_engine(root / "r")
     try:
         first = _transfer_bytes(local, remote.url, server, root, image)
-        code = _transfer_bytes(local, remote.url, server, root, f"{image}-codechange")
+        code = _transfer_bytes(local, remote.url, server, root, changed)
         code["rebuild_seconds"] = build_s
         return {"first_deploy": first, "code_only_redeploy": code}
     finally:

@@ -136,6 +136,12 @@ TRAIN_SH = """#!/bin/sh
 # Stand-in for `ups launch` in the tiny image: JSON lines into the run's launch.log.
 d=/app/runs/$UPS_RUN_ID/logs
 mkdir -p "$d"
+outcome() {{
+  printf '{{"run_id":"%s","outcome":"%s","exit_code":%d,"reason":"%s"}}\\n' \\
+    "$UPS_RUN_ID" "$1" "$2" "$3" > "/app/runs/$UPS_RUN_ID/outcome.json"
+  exit "$2"
+}}
+trap 'echo "SIGTERM: checkpoint written" >> "$d/launch.log"; outcome preempted 75 SIGTERM' TERM
 i=0
 while [ $i -lt {lines} ]; do
   printf '{{"event":"step","level":"info","step":%d,"version":"{version}"}}\\n' $i \\
@@ -144,7 +150,7 @@ while [ $i -lt {lines} ]; do
   sleep 0.05
 done
 echo 'raw line from the container' >> "$d/launch.log"
-exit {exit_code}
+outcome {kind} {exit_code} "all steps ran"
 """
 
 
@@ -157,7 +163,12 @@ def build_app(
     if not deps.exists():
         deps.write_bytes(os.urandom(4 << 20))
     (ctx / "train.sh").write_text(
-        TRAIN_SH.format(lines=lines, version=version, exit_code=exit_code)
+        TRAIN_SH.format(
+            lines=lines,
+            version=version,
+            exit_code=exit_code,
+            kind="finished" if exit_code == 0 else "failed",
+        )
     )
     (ctx / "Dockerfile").write_text(
         "FROM ups-deploytest-base:1\nCOPY deps.bin /opt/deps.bin\nCOPY train.sh /app/train.sh\n"

@@ -144,3 +144,42 @@ def test_docker_deploy_real_image_with_project_compose(
     assert "train_step" in result.stdout
     assert "finished (exit 0)" in result.stdout
     assert (workdir / "runs" / "real" / "outcome.json").exists()
+
+
+def test_docker_stop_is_graceful(
+    engines: tuple[Engine, Engine], sshd: SshServer, tmp_path: Path
+) -> None:
+    """`fab stop` on a docker host SIGTERMs the training container, waits for its outcome
+    and reports "preempted (exit 75)"; `fab logs` then exits 75 too."""
+    local, remote = engines
+    client = local.client()
+    import_tiny_base(client, "ups-deploytest-base:1")
+    build_app(client, tmp_path / "ctx", IMAGE, version="long", lines=100000)
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(COMPOSE)
+    box = sshd.host_entry(
+        kind="docker", image=IMAGE, docker_host=remote.url, compose_files=[str(compose)]
+    )
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"box": box})
+    env = {**os.environ, "DOCKER_HOST": local.url}
+    started = fab(
+        "deploy",
+        "--host",
+        "box",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(demo_config(tmp_path / "demo.yaml")),
+        "--run",
+        "long",
+        "--detach",
+        "--skip-preflight",
+        env=env,
+    )
+    assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+    stopped = fab("stop", "--host", "box", "--hosts-file", str(hosts), "--timeout", "60")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "preempted (exit 75)" in stopped.stdout
+    followed = fab("logs", "--host", "box", "--hosts-file", str(hosts), timeout=60)
+    assert followed.returncode == 75
+    assert "SIGTERM: checkpoint written" in followed.stdout
