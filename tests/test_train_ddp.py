@@ -70,6 +70,7 @@ def _config(root: Path, data: dict[str, Path], **training: Any) -> Path:
             "batch_size": BATCH,
             "log_every": 1,
             "lr": 3e-3,
+            "warmup_steps": 3,  # short: the run is only 21 steps
             "record_sample_ids": True,
             **training,
         },
