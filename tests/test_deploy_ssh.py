@@ -227,7 +227,17 @@ def test_preflight_failure_starts_nothing(sshd: SshServer, tmp_path: Path) -> No
     assert "preflight failed on 'test'" in result.stderr
     assert "nothing was started" in result.stderr
     assert not (workdir / "runs").exists()
-    assert not (workdir / ".ups" / "deploy" / "nodata" / "pid").exists()
+    assert not (workdir / ".ups" / "deploy" / "nodata").exists()  # retry with the same id
+
+
+def test_fab_preflight_shows_remote_report(sshd: SshServer, tmp_path: Path) -> None:
+    """`fab preflight --host test` runs the checks on the host and shows their table."""
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
+    result = fab("preflight", "--host", "test", "--hosts-file", str(hosts), timeout=120)
+    assert "remote preflight on test" in result.stdout
+    assert "allreduce" in result.stdout
+    assert result.returncode in (0, 4)  # this machine may legitimately fail a check
+    assert ("preflight OK" in result.stdout) == (result.returncode == 0)
 
 
 def test_unreachable_host_fails_clearly(tmp_path: Path) -> None:

@@ -160,20 +160,27 @@ def deploy(
 ) -> int:
     conn = target.connect()
     try:
-        if sync is not None:
-            _run(conn, f"mkdir -p {rc.q(plan.remote.state_dir)}", target.spec)
-            sync_wheel(target, conn, sync, plan.remote.state_dir)
-        check_code(target, conn)
         exists = _run(conn, f"test -e {rc.q(plan.remote.state_dir)}", target.spec)
-        if exists.exited == 0 and sync is None:
+        if exists.exited == 0:
             raise DeployError(
-                f"run {plan.run_id} already exists on {plan.host!r}; pick another --run-id."
+                f"run {plan.run_id} already exists on {plan.host!r}; pick another --run. "
+                f"To resume it, `fab logs --host {plan.host} --run {plan.run_id}`."
             )
+        if sync is not None:
+            wheels = posixpath.join(target.spec.workdir, ".ups", "wheels")
+            _run(conn, f"mkdir -p {rc.q(wheels)}", target.spec)
+            sync_wheel(target, conn, sync, wheels)
+        check_code(target, conn)
         upload(target, conn, plan, env)
         if not skip_preflight:
             pre = next(s for s in plan.steps if s.name == "preflight")
             assert pre.command is not None
-            remote_preflight(target, conn, pre.command)
+            try:
+                remote_preflight(target, conn, pre.command)
+            except PreflightFailed:
+                # Nothing started: leave no state behind, so the same --run can be retried.
+                _run(conn, f"rm -rf {rc.q(plan.remote.state_dir)}", target.spec)
+                raise
         started = _run(conn, rc.start_command(plan.remote), target.spec)
         if started.exited != 0:
             raise DeployError(f"starting the run on {plan.host!r} failed: {started.stderr}")

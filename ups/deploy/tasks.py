@@ -91,6 +91,18 @@ def preflight(
     target = _target(host, hosts_file, out)
     spec = target.spec
     command = f"{spec.ups_bin} preflight"
+    if spec.kind == "docker":
+        # The checks must see what the container sees: run them in the image.
+        docker = (
+            f"env DOCKER_HOST={shlex.quote(spec.docker_host)} docker"
+            if (spec.docker_host)
+            else "docker"
+        )
+        gpus = "--gpus all " if spec.gpus else ""
+        command = (
+            f'{docker} run --rm {gpus}--ipc host --network host -v "$PWD/data:/app/data" '
+            f"--entrypoint ups {shlex.quote(spec.image)} preflight"
+        )
     if config:
         command += f" --config {shlex.quote(config)}"
     conn = target.connect()
