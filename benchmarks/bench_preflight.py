@@ -41,6 +41,7 @@ sides alike to average out a noisy machine."""
 
 
 def _bare_worker(rank: int, world: int, port: int, sizes: list[int], iters: int, out: Any) -> None:
+    torch.set_num_threads(1)  # as the check's workers (OMP_NUM_THREADS=1)
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=dt.timedelta(seconds=60),
