@@ -69,8 +69,9 @@ def _config(root: Path, data: dict[str, Path], **training: Any) -> Path:
             "epochs": EPOCHS,
             "batch_size": BATCH,
             "log_every": 1,
-            "lr": 3e-3,
-            "warmup_steps": 3,  # short: the run is only 21 steps
+            "lr": 1e-2,  # high and constant after a short warm-up: the run is only 21 steps
+            "warmup_steps": 3,
+            "schedule": "constant",
             "record_sample_ids": True,
             **training,
         },
@@ -143,13 +144,17 @@ def test_ranks_train_on_disjoint_shards_covering_the_split(ddp_run: DDPRun) -> N
 
 
 def test_training_loss_falls(ddp_run: DDPRun) -> None:
-    """Rank 0's logged training loss (averaged across ranks) drops well below its start."""
+    """Rank 0's logged training loss (averaged across ranks) drops well below its start,
+    for the weighted total and for each task on its own."""
     steps = [e for e in rank_events(ddp_run.run_dir, 0) if e["event"] == "train_step"]
     assert [e["step"] for e in steps] == list(range(EPOCHS * 7))
+    for key in ("train/loss", "train/advection/rel_l2", "train/darcy/rel_l2"):
+        losses = [e[key] for e in steps]
+        assert all(math.isfinite(v) for v in losses)
+        early, late = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+        assert late < 0.8 * early, (key, losses)
     losses = [e["train/loss"] for e in steps]
-    early, late = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
-    assert late < 0.5 * early, losses
-    assert all(math.isfinite(v) for v in losses)
+    assert sum(losses[-3:]) < 0.6 * sum(losses[:3]), losses
     assert all(e["train/samples_per_s"] > 0 for e in steps)
 
 
@@ -203,7 +208,8 @@ def test_exactly_one_wandb_run_finished_with_the_loss(ddp_run: DDPRun) -> None:
 
 def test_outcome_says_finished_with_eval_metrics(ddp_run: DDPRun) -> None:
     """``outcome.json`` records a finished 2-rank run with held-out metrics per task,
-    computed over each test pair exactly once (no duplicates across ranks)."""
+    computed over each test pair exactly once (no duplicates across ranks), where the
+    trained model beats the naive baseline it is reported next to."""
     out = ddp_run.outcome
     assert (out["outcome"], out["exit_code"], out["world_size"]) == ("finished", 0, WORLD)
     assert out["step"] == EPOCHS * 7
@@ -212,8 +218,8 @@ def test_outcome_says_finished_with_eval_metrics(ddp_run: DDPRun) -> None:
     metrics = out["metrics"]
     for task, n in TEST_PAIRS.items():
         assert metrics[f"eval/{task}/samples"] == n
-        assert 0 < metrics[f"eval/{task}/rel_l2"] < math.inf
-        assert 0 < metrics[f"eval/{task}/baseline_rel_l2"] < math.inf
+        # 21 steps are enough to beat persistence (advection) and the mean field (Darcy)
+        assert 0 < metrics[f"eval/{task}/rel_l2"] < metrics[f"eval/{task}/baseline_rel_l2"]
     assert (ddp_run.output_dir / "latest").resolve() == ddp_run.run_dir.resolve()
 
 
