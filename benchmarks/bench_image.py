@@ -45,7 +45,7 @@ def sh(*cmd: str, **kw: Any) -> str:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, **kw)
     if out.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}... failed ({out.returncode}):\n{out.stderr[-2000:]}")
-    return out.stdout
+    return str(out.stdout)
 
 
 def layers(image: str) -> list[dict[str, Any]]:
@@ -146,9 +146,9 @@ def compose_up(tmp: Path) -> dict[str, Any]:
         for line in (dirs["runs"] / "bench/logs/rank0.jsonl").read_text().splitlines()
         if line.startswith("{")
     ]
-    first = {}
+    first: dict[str, float] = {}
     for e in events:
-        first.setdefault(e.get("event"), _ts(e["timestamp"]))
+        first.setdefault(str(e.get("event")), _ts(e["timestamp"]))
     outcome = json.loads((dirs["runs"] / "bench/outcome.json").read_text())["outcome"]
     return {
         "preflight_started_s": round(_ts(pre["StartedAt"]) - start, 1),

@@ -29,7 +29,7 @@ BUILD_TOOLS = ("setuptools",)
 
 def _requires(dist_name: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
     reqs = []
-    env = default_environment()
+    env = {key: str(value) for key, value in default_environment().items()}
     for raw in metadata.requires(dist_name) or []:
         req = Requirement(raw)
         if req.marker is None:
