@@ -303,3 +303,76 @@ def test_ssh_config_alias_and_jump_host(sshd: SshServer, tmp_path: Path) -> None
         # Connected and verified: the only complaint is that nothing was deployed there yet.
         assert result.returncode == 3
         assert f"no run deployed on {name!r} yet" in result.stderr, result.stderr
+
+
+def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -> None:
+    """`fab deploy --sync-wheel W` installs a newer ups wheel into the remote ups
+    environment before anything else (here the deploy then stops at preflight)."""
+    import shutil
+    import sys
+
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md", "pins.toml"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, src / name if src.exists() else _mkdir(src) / name)
+    for pkg in ("ups", "preflight"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    marker = "# code-only change shipped by --sync-wheel"
+    with (src / "ups" / "deploy" / "__init__.py").open("a") as fh:
+        fh.write(marker + "\n")
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(
+        [
+            *pip,
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        timeout=180,
+    )
+    wheel = next((tmp_path / "dist").glob("ups-*.whl"))
+    # A separate "remote" environment with its own interpreter and pip (so the sync can
+    # never touch this checkout's venv); the heavy deps come from this venv via a .pth.
+    venv = tmp_path / "remote-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    site = next(venv.glob("lib/python*/site-packages"))
+    deps = next(Path(sys.prefix).glob("lib/python*/site-packages"))
+    (site / "zz_deps.pth").write_text(deps.as_posix() + "\n")
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        timeout=180,
+    )
+    assert (venv / "bin" / "ups").read_text().splitlines()[0] == f"#!{venv}/bin/python"
+    installed = site / "ups" / "deploy" / "__init__.py"
+    installed.write_text(installed.read_text().replace(marker, ""))  # the "old" code
+    hosts = sshd.write_hosts(
+        tmp_path / "hosts.yaml", {"venv": sshd.host_entry(ups_bin=str(venv / "bin" / "ups"))}
+    )
+    result = fab(
+        "deploy",
+        "--host",
+        "venv",
+        "--hosts-file",
+        str(hosts),
+        "--config",
+        str(demo_config(tmp_path / "demo.yaml")),
+        "--run",
+        "sync",
+        "--sync-wheel",
+        str(wheel),
+    )
+    assert f"upload {wheel.name}" in result.stdout, result.stdout + result.stderr
+    assert marker in installed.read_text()
+    assert "remote code: ups 0.1.0" in result.stdout
+    assert result.returncode == 4  # no data on this host: preflight stops it, as designed
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
