@@ -154,6 +154,8 @@ def _transfer_bytes(
 
 def bench_layers_tiny() -> dict[str, Any]:
     """First deploy vs one-line code change, with the tiny test image (private engines)."""
+    import shutil
+
     from tests.docker_fixtures import build_app, import_tiny_base, start_engine, stop_engine
 
     root = Path(tempfile.mkdtemp(prefix="ups-bd-", dir="/tmp"))
@@ -172,6 +174,7 @@ def bench_layers_tiny() -> dict[str, Any]:
         stop_engine(remote)
         stop_engine(local)
         stop_sshd(server)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def rebuild_with_code_change(local: Any, image: str) -> tuple[str, float]:
@@ -245,6 +248,7 @@ def bench_layers_real(image: str) -> dict[str, Any]:
         stop_engine(remote)
         stop_sshd(server)
         shutil.rmtree(root, ignore_errors=True)
+        local.images.remove(changed)  # its layers stay shared with the original
 
 
 def main() -> int:

@@ -83,6 +83,11 @@ def stop_engine(engine: Engine) -> None:
     except subprocess.TimeoutExpired:
         engine.proc.kill()
         engine.proc.wait(timeout=10)
+    # dockerd leaves its exec-root netns bind mount behind; without this the dir can't go.
+    for line in Path("/proc/mounts").read_text().splitlines():
+        mountpoint = line.split()[1]
+        if mountpoint.startswith(str(engine.root) + "/"):
+            subprocess.run(["umount", "-l", mountpoint], check=False, timeout=30)
 
 
 @pytest.fixture(scope="module")
