@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -83,3 +84,24 @@ def test_two_node_agents_train_the_bundled_trainer(
     assert (outcome["outcome"], outcome["world_size"], outcome["step"]) == ("finished", 2, 4)
     assert list((tmp_path / "node0" / "mt" / "checkpoints").glob("step_*.pt"))
     assert (tmp_path / "node1" / "mt" / "logs" / "rank1.jsonl").exists()
+
+
+def test_node_whose_peer_never_comes_fails_within_the_init_timeout(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """Node 1 started without node 0: it gives up after distributed.init_timeout_s instead
+    of hanging, exits 1, and outcome.json says torchrun could not rendezvous."""
+    config = make_config(distributed={"init_timeout_s": 5})
+    started = time.monotonic()
+    proc = subprocess.run(
+        launch_cmd(
+            str(config), "--run-id", "lone", "--nnodes", "2", "--node-rank", "1",
+            "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+            "--skip-preflight",
+        ),
+        capture_output=True, text=True, timeout=120, env=worker_env(), cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert time.monotonic() - started < 90
+    reason = outcome_of(tmp_path / "runs" / "lone")["reason"]
+    assert reason.startswith("torchrun failed:") and "timed out" in reason

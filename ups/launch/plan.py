@@ -19,6 +19,8 @@ from ups.rundir import resolve_run_id
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_RDZV_TIMEOUT_S = 300
+"""How long node agents wait for each other without a config (torch's own default: 600)."""
 CPU_NPROC = 2
 """Workers per node on a host without GPUs."""
 
@@ -201,6 +203,7 @@ def build_plan(
     endpoint = f"{host}:{port}"
 
     worker_argv = _worker_argv(req, run_id)
+    rdzv_timeout = int(cfg.distributed.init_timeout_s) if cfg else DEFAULT_RDZV_TIMEOUT_S
     # Static rendezvous: node N is group rank N and global ranks follow node order, so
     # rank 0 (outcome.json, W&B) is always on node 0, and MASTER_PORT is exactly the port
     # checked above. (c10d rendezvous orders nodes by address and pid, and gives workers
@@ -212,6 +215,8 @@ def build_plan(
         "--rdzv-backend=static",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={run_id}",
+        # A node whose peers never come fails after this instead of waiting torch's 600 s.
+        f"--rdzv-conf=timeout={rdzv_timeout}",
         f"--log-dir={run_dir / 'torchelastic'}",
         "--max-restarts=0",
         *worker_argv,
