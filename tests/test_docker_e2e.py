@@ -59,7 +59,29 @@ def engine() -> None:
 
 
 @pytest.fixture(scope="session")
-def image(engine: None) -> str:
+def _synth(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """Start writing the demo data on the host; it runs while the images build."""
+    root = tmp_path_factory.mktemp("docker-data")
+    log = (tmp_path_factory.getbasetemp() / "synth.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ups", "data", "synth", "--out", str(root / "demo")],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield root, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def image(engine: None, _synth: tuple[Path, subprocess.Popen[str]]) -> str:
     """The CPU images, built from the working tree (a no-op rebuild when nothing changed)."""
     out = subprocess.run(
         ["bash", str(ROOT / "scripts/build-images.sh")],
@@ -73,16 +95,12 @@ def image(engine: None) -> str:
 
 
 @pytest.fixture(scope="session")
-def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_data(_synth: tuple[Path, subprocess.Popen[str]]) -> Path:
     """The demo data files in PDEBench layout, written once per session on the host."""
-    root = tmp_path_factory.mktemp("docker-data")
-    out = subprocess.run(
-        [sys.executable, "-m", "ups", "data", "synth", "--out", str(root / "demo")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    root, proc = _synth
+    proc.wait(timeout=300)
+    log = root.parent / "synth.log"
+    assert proc.returncode == 0, log.read_text()[-2000:]
     root.chmod(0o755)  # mounted at /app/data; the container runs as uid 1000
     return root
 
@@ -327,7 +345,8 @@ def test_docker_stop_leaves_a_checkpoint_the_next_up_resumes(project: Project) -
     assert (project.run_dir / "checkpoints" / f"step_{step:06d}.pt").exists()
 
     project.write_config(epochs=1000, max_steps=step + 5)
-    again = project.compose("up", "train-ddp")
+    # Same host, same checks: the operator's resume skips the preflight service.
+    again = project.compose("up", "--no-deps", "train-ddp")
     assert again.returncode == 0, again.stdout[-3000:]
     resumed = [e for e in project.events() if e.get("event") == "resumed"]
     assert resumed and resumed[-1]["step"] == step
