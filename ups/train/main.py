@@ -13,8 +13,8 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ups.config import ConfigError, load_config
-from ups.data.pdebench import DataError, inspect_task
+from ups.config import Config, ConfigError, load_config
+from ups.data.pdebench import DataError, TaskInfo, inspect_task
 from ups.dist.env import read_dist_env
 from ups.log import get_logger, setup_logging
 from ups.model import model_problems
@@ -39,6 +39,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _inspect_tasks(cfg: Config) -> tuple[dict[str, TaskInfo], list[str]]:
+    """Check every task's data file; problems are named by the task's key path."""
+    infos, problems = {}, []
+    for i, task in enumerate(cfg.tasks):
+        try:
+            infos[task.name] = inspect_task(task)
+        except DataError as exc:
+            problems.append(f"tasks.{i} ({task.name}): {exc}")
+    return infos, problems
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     decide_wandb_for_rank()
@@ -54,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         if faults:
             cfg = cfg.model_copy(update={"faults": [*cfg.faults, *faults]})
         env = read_dist_env()
-        infos = {task.name: inspect_task(task) for task in cfg.tasks}
-        problems = model_problems(task_shapes(infos), cfg.model)
+        infos, problems = _inspect_tasks(cfg)
+        if not problems:
+            problems = model_problems(task_shapes(infos), cfg.model)
         if cfg.cache.enabled:
             problems += cache_problems(cfg, infos)
         if problems:
