@@ -29,14 +29,16 @@ log() { echo "docker-engine: $*" >&2; }
 
 install_apt_packages() {
     local missing=()
-    command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+    # /usr/sbin may be missing from a non-root PATH; look there first.
+    [ -x /usr/sbin/dockerd ] || command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
     # docker-init (tini) backs compose `init: true`; docker.io only recommends it.
     [ -x /usr/bin/docker-init ] || missing+=(tini)
-    command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+    [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null 2>&1 \
+        || missing+=(debootstrap)
     if [ ${#missing[@]} -eq 0 ]; then return 0; fi
     log "installing ${missing[*]} with apt-get"
     $SUDO apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         "${missing[@]}" >/dev/null
 }
 
@@ -67,7 +69,7 @@ wait_engine() {  # wait_engine PID: 0 once `docker info` answers, 1 if dockerd d
 launch_dockerd() {  # launch_dockerd DRIVER: start dockerd in the background, print its pid
     log "starting dockerd (storage $1, no iptables, no bridge); log: $DOCKERD_LOG"
     # setsid + nohup: the engine outlives this script and the shell that ran it.
-    $SUDO setsid nohup dockerd --storage-driver="$1" --iptables=false --ip6tables=false \
+    $SUDO setsid nohup "$(command -v dockerd || echo /usr/sbin/dockerd)" --storage-driver="$1" --iptables=false --ip6tables=false \
         --bridge=none >>"$DOCKERD_LOG" 2>&1 </dev/null &
     echo $!
 }
