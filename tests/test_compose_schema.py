@@ -69,7 +69,8 @@ def _rendered(*files: Path) -> dict[str, Any]:
     args = [a for f in files for a in ("-f", str(f))]
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
     out = subprocess.run(
-        [*_compose(), *args, "config", "--format", "json"],
+        # --env-file /dev/null: a developer's own .env must not change what is checked.
+        [*_compose(), "--env-file", "/dev/null", *args, "config", "--format", "json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
