@@ -31,11 +31,20 @@ def dumps(event: dict[str, Any]) -> str:
 class _Sinks:
     """Final structlog 'logger': writes each event dict to the file and/or stdout."""
 
-    def __init__(self, file: IO[str] | None, stdout: TextIO, min_stdout: int, console: bool):
+    def __init__(
+        self, file: IO[str] | None, stdout: TextIO | None, min_stdout: int, console: bool
+    ) -> None:
         self.file = file
-        self.stdout = stdout
+        self._stdout = stdout
         self.min_stdout = min_stdout
-        self.console = structlog.dev.ConsoleRenderer(colors=stdout.isatty()) if console else None
+        colors = self.stdout.isatty()
+        self.console = structlog.dev.ConsoleRenderer(colors=colors) if console else None
+
+    @property
+    def stdout(self) -> TextIO:
+        # Looked up per event unless given: whoever replaces sys.stdout later (a test
+        # harness, a tee) gets the events, and a closed old stream is never written to.
+        return self._stdout or sys.stdout
 
     def write(self, event: dict[str, Any]) -> None:
         level = _LEVELS.get(str(event.get("level", "info")), 20)
@@ -92,7 +101,6 @@ def setup_logging(
 
     ``console=None`` renders for people only when stdout is a terminal.
     """
-    out = stdout or sys.stdout
     log_file: IO[str] | None = None
     path = None
     if log_dir is not None:
@@ -101,9 +109,9 @@ def setup_logging(
         log_file = path.open("a", buffering=1, encoding="utf-8")
     sinks = _Sinks(
         log_file,
-        out,
+        stdout,
         min_stdout=logging.INFO if rank == 0 else logging.WARNING,
-        console=out.isatty() if console is None else console,
+        console=(stdout or sys.stdout).isatty() if console is None else console,
     )
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
