@@ -77,7 +77,9 @@ def test_expected_gpus_missing_fails(make_config: Callable[..., Path]) -> None:
     assert run_check("gpu", config=config).status is Status.FAIL
 
 
-def _facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuFacts:
+def _fake_gpu_facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuFacts:
+    """A FAKE: hand-written torch/NVML facts for GPUs this machine does not have, so the
+    judgement logic is tested here; the real reading runs in the `gpu`-marked tests."""
     nvml = NvmlFacts(available=True, driver="570.1", cuda_driver=str(kw.pop("driver_cuda", "13.0")))
     nvml.gpus = gpus
     return GpuFacts(
@@ -88,7 +90,8 @@ def _facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuFacts:
     )
 
 
-def _gpu(i: int, **kw: object) -> GpuInfo:
+def _fake_gpu(i: int, **kw: object) -> GpuInfo:
+    """A FAKE GPU as NVML would describe it."""
     return GpuInfo(index=i, name="NVIDIA H100 80GB HBM3", memory_total=80 << 30,
                    memory_free=79 << 30, **kw)  # type: ignore[arg-type]  # fmt: skip
 
@@ -96,25 +99,26 @@ def _gpu(i: int, **kw: object) -> GpuInfo:
 def test_gpu_judgement_from_nvml_facts() -> None:
     """Healthy GPUs pass; torch/NVML disagreement, ECC errors, a too-old driver fail;
     processes already holding GPU memory warn with the pids to kill."""
-    healthy = evaluate(_facts(2, [_gpu(0), _gpu(1)]), expected=2)
+    healthy = evaluate(_fake_gpu_facts(2, [_fake_gpu(0), _fake_gpu(1)]), expected=2)
     assert healthy.status is Status.PASS
     assert "2 GPU(s) visible: NVIDIA H100 80GB HBM3" in healthy.message
 
-    mismatch = evaluate(_facts(1, [_gpu(0), _gpu(1)]), expected=2)
+    mismatch = evaluate(_fake_gpu_facts(1, [_fake_gpu(0), _fake_gpu(1)]), expected=2)
     assert mismatch.status is Status.FAIL
     assert "although NVML sees 2" in mismatch.message
 
-    masked = evaluate(_facts(1, [_gpu(0), _gpu(1)], visible="0"), expected=1)
+    masked = evaluate(_fake_gpu_facts(1, [_fake_gpu(0), _fake_gpu(1)], visible="0"), expected=1)
     assert masked.status is Status.PASS
 
-    ecc = evaluate(_facts(1, [_gpu(0, ecc_uncorrected=3)]), expected=1)
+    ecc = evaluate(_fake_gpu_facts(1, [_fake_gpu(0, ecc_uncorrected=3)]), expected=1)
     assert ecc.status is Status.FAIL and "3 uncorrected ECC errors" in ecc.message
 
-    old = evaluate(_facts(1, [_gpu(0)], driver_cuda="12.4"), expected=1)
+    old = evaluate(_fake_gpu_facts(1, [_fake_gpu(0)], driver_cuda="12.4"), expected=1)
     assert old.status is Status.FAIL and "driver supports 12.4" in old.message
 
     busy = evaluate(
-        _facts(1, [_gpu(0, processes=[{"pid": 4242, "used_bytes": 2 << 30}])]), expected=1
+        _fake_gpu_facts(1, [_fake_gpu(0, processes=[{"pid": 4242, "used_bytes": 2 << 30}])]),
+        expected=1,
     )
     assert busy.status is Status.WARN
     assert busy.hint is not None and "kill 4242" in busy.hint
