@@ -11,14 +11,17 @@ from typing import Any
 from tests.conftest import PYTHON, REPO, parse_events, worker_env
 
 ALLREDUCE = """
-import json, os
+import json, os, sys
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(json.dumps({"event": "allreduced", "rank": dist.get_rank(), "sum": t.item(),
+# One write per line: print() writes the text and the newline separately, so two ranks
+# sharing the pipe could interleave into one unparseable line.
+sys.stdout.write(json.dumps({"event": "allreduced", "rank": dist.get_rank(), "sum": t.item(),
                   "world_size": dist.get_world_size(), "master_port": os.environ["MASTER_PORT"],
-                  "run_id": os.environ["UPS_RUN_ID"]}), flush=True)
+                  "run_id": os.environ["UPS_RUN_ID"]}) + "\\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
