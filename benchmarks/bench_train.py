@@ -190,7 +190,6 @@ def loader_vs_step(
     config: Path, data_overrides: list[str], steps: int, warmup: int, work: Path
 ) -> tuple[Split, Split, int]:
     import torch
-    from torch.nn.parallel import DistributedDataParallel
 
     from ups.config import load_config
     from ups.data.loader import build_loader
@@ -198,9 +197,7 @@ def loader_vs_step(
     from ups.dist.env import read_dist_env
     from ups.dist.lifecycle import init_distributed, shutdown_distributed
     from ups.log import setup_logging
-    from ups.train.faults import FaultInjector
-    from ups.train.loop import Trainer, TrainState, lr_schedule
-    from ups.train.run import make_model
+    from ups.train.run import build_trainer
     from ups.train.signals import StopFlag
     from ups.train.tracking import Tracker
 
@@ -222,22 +219,15 @@ def loader_vs_step(
     env = read_dist_env({})
     device = init_distributed(env, cfg.distributed)
     torch.manual_seed(0)
-    model = make_model(cfg, infos)
-    ddp = DistributedDataParallel(model, forward_sync_buffers=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.training.lr)
-    trainer = Trainer(
-        cfg=cfg,
-        env=env,
-        device=device,
-        model=ddp,
-        optimizer=optimizer,
-        scheduler=lr_schedule(optimizer, cfg, steps),
+    trainer = build_trainer(
+        cfg,
+        env,
+        infos,
+        device,
         loader=loader,
-        injector=FaultInjector([], 0, under_torchrun=False),
         tracker=Tracker(),
         stop=StopFlag(),
         checkpoint_dir=work / "unused-checkpoints",
-        state=TrainState(),
     )
     times = []
     for batch in batches:

@@ -43,6 +43,11 @@ class TrainState:
         return asdict(self)
 
 
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    """Steps in the whole run: ``training.max_steps`` or every epoch."""
+    return cfg.training.max_steps or cfg.training.epochs * steps_per_epoch
+
+
 def lr_schedule(
     optimizer: torch.optim.Optimizer, cfg: Config, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -91,7 +96,7 @@ class Trainer:
         """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
-        self.total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
+        self.total_steps = total_steps(cfg, loader.steps_per_epoch)
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {

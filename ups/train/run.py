@@ -14,7 +14,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 
 from ups.config import Config
-from ups.data.loader import build_loader
+from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
 from ups.dist.agreement import stuck_ranks
 from ups.dist.env import DistEnv
@@ -34,7 +34,7 @@ from ups.train.cache import load_cache
 from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
 from ups.train.faults import FaultInjector
-from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule
+from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule, total_steps
 from ups.train.metrics import mean_target, output_scale
 from ups.train.signals import StopFlag
 from ups.train.tracking import Tracker
@@ -73,6 +73,48 @@ def make_model(cfg: Config, infos: dict[str, TaskInfo]) -> LatentOperator:
             offsets[t.name] = mean_target(train)
         scales[t.name] = output_scale(train, info.steady, offsets.get(t.name))
     return build_model(task_shapes(infos, scales, offsets), cfg.model)
+
+
+def build_trainer(
+    cfg: Config,
+    env: DistEnv,
+    infos: dict[str, TaskInfo],
+    device: torch.device,
+    *,
+    loader: MultiTaskLoader,
+    tracker: Tracker,
+    stop: StopFlag,
+    checkpoint_dir: Path,
+) -> Trainer:
+    """Model (with the latent cache when enabled), its DDP wrapper, optimizer and schedule."""
+    model = make_model(cfg, infos)
+    latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
+    model = model.to(device)
+    ddp = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        forward_sync_buffers=False,  # no collective inside forward: see ups.dist.agreement
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=cfg.training.lr,
+        weight_decay=cfg.training.weight_decay,
+    )
+    return Trainer(
+        cfg=cfg,
+        env=env,
+        device=device,
+        model=ddp,
+        optimizer=optimizer,
+        scheduler=lr_schedule(optimizer, cfg, total_steps(cfg, loader.steps_per_epoch)),
+        loader=loader,
+        injector=FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
+        tracker=tracker,
+        stop=stop,
+        checkpoint_dir=checkpoint_dir,
+        state=TrainState(),
+        latents=latents,
+    )
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -189,34 +231,15 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             world_size=env.world_size,
             seed=cfg.run.seed,
         )
-        model = make_model(cfg, infos)
-        latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
-        model = model.to(device)
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,  # no collective inside forward: see ups.dist.agreement
-        )
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.training.lr,
-            weight_decay=cfg.training.weight_decay,
-        )
-        total_steps = cfg.training.max_steps or cfg.training.epochs * loader.steps_per_epoch
-        trainer = Trainer(
-            cfg=cfg,
-            env=env,
-            device=device,
-            model=ddp,
-            optimizer=optimizer,
-            scheduler=lr_schedule(optimizer, cfg, total_steps),
+        trainer = build_trainer(
+            cfg,
+            env,
+            infos,
+            device,
             loader=loader,
-            injector=FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
             tracker=tracker,
             stop=stop,
             checkpoint_dir=run_dir / "checkpoints",
-            state=TrainState(),
-            latents=latents,
         )
         _resume(trainer, cfg, env, run_dir / "checkpoints")
         log.info(
@@ -227,6 +250,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             device=str(device),
         )
         result = trainer.run()
+        model = trainer.model.module
         log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
         checkpoint = trainer.save()
         dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
