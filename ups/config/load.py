@@ -95,7 +95,7 @@ def _format_errors(err: ValidationError) -> list[str]:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling against configs/README or the schema)"
+            msg = "unknown key (check the spelling against ups/config/schema.py)"
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
         elif "input" in e and e["type"] != "missing":
