@@ -15,7 +15,7 @@ import structlog
 from ups.config import Config
 from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import run_torchrun
+from ups.launch.runner import handling_stop_signals, run_torchrun
 from ups.launch.tee import LineTee
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome, write_outcome
@@ -80,13 +80,8 @@ def _stop_on_signals() -> Iterator[None]:
     def handler(signum: int, _frame: FrameType | None) -> None:
         raise _Stopped(signum)
 
-    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {s: signal.signal(s, handler) for s in watched}
-    try:
+    with handling_stop_signals(handler):
         yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _fail(plan: LaunchPlan, reason: str, code: int, sig: str | None = None) -> int:

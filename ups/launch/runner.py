@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,6 +107,22 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
     )
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@contextmanager
+def handling_stop_signals(
+    handler: Callable[[int, FrameType | None], None],
+) -> Iterator[None]:
+    """Route SIGTERM/SIGINT/SIGHUP to ``handler`` for the block, then restore the old ones."""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 @contextmanager
 def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
@@ -125,13 +141,8 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
-    watched = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {s: signal.signal(s, handler) for s in watched}
-    try:
+    with handling_stop_signals(handler):
         yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def run_torchrun(plan: LaunchPlan, tee: LineTee) -> TorchrunResult:
