@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ups import jsonio
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.deploy_fixtures import start_sshd, stop_sshd
@@ -270,7 +272,7 @@ def main() -> int:
         result["docker_tiny"] = bench_layers_tiny()
         if args.real_image:
             result["docker_real"] = bench_layers_real(args.real_image)
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    sys.stdout.write(jsonio.dumps(result, indent=2) + "\n")
     stream = result.get("stream", {"lines_lost": 0, "byte_identical": True})
     return 0 if stream["lines_lost"] == 0 and stream["byte_identical"] else 1
 

@@ -33,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from ups import jsonio
+
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = os.environ.get("UPS_IMAGE_CPU", "ups:cpu")
 BASE = os.environ.get("UPS_BASE_CPU_IMAGE", "ups-base-cpu:torch2.13.0-py3.11-bookworm")
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             "image": IMAGE, "engine": engine, "driver": driver, "load": load,
             "image_bytes": total, "layers": rows, "rebuild": rebuild, "compose_up": up,
         }  # fmt: skip
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        args.json.write_text(jsonio.dumps(result, indent=2) + "\n")
     return 0
 
 

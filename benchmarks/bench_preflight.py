@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import io
-import json
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ import torch.multiprocessing as mp
 from preflight import PreflightOptions, run_preflight
 from preflight.checks.allreduce import CPU_SIZES, AllReducePlan, execute
 from preflight.checks.ports import pick_free_port
+from ups import jsonio
 from ups.log import setup_logging
 
 ITERS, WARMUP = 5, 2
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"check wall time (spawn + init + sweep + teardown): {check_elapsed:.2f} s (median)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
+        args.json.write_text(jsonio.dumps({
             "host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
             "config": str(config) if config else None, "repeat": args.repeat, "iters": args.iters,
             "load_average_1m": load_before,

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ups import jsonio
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
 
@@ -58,7 +60,7 @@ def worker(argv: list[str]) -> int:
     rc = int(main(trainer_args) or 0)
     rank = os.environ.get("RANK", "0")
     record = {"rank": int(rank), "rc": rc, "vm_hwm_kib": _vm_hwm_kib()}
-    (out / f"peak_rank{rank}.json").write_text(json.dumps(record))
+    (out / f"peak_rank{rank}.json").write_text(jsonio.dumps(record))
     return rc
 
 
@@ -194,8 +196,8 @@ def loader_vs_step(
     from ups.config import load_config
     from ups.data.loader import build_loader
     from ups.data.pdebench import inspect_task
-    from ups.dist.env import read_dist_env
-    from ups.dist.lifecycle import init_distributed, shutdown_distributed
+    from ups.distributed.env import read_dist_env
+    from ups.distributed.lifecycle import init_distributed, shutdown_distributed
     from ups.log import setup_logging
     from ups.train.run import build_trainer
     from ups.train.signals import StopFlag

@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import faulthandler
-import json
 import sys
 import time
+
+from ups import jsonio
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     dist.destroy_process_group()
     if args.rank == 0:
-        print(json.dumps({"wrong": int(wrong.item()), "sizes": rows}), flush=True)
+        print(jsonio.dumps({"wrong": int(wrong.item()), "sizes": rows}), flush=True)
     return 0
 
 

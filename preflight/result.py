@@ -7,11 +7,12 @@ docs/preflight.md. Fields are only ever added, never renamed or removed, within 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import socket
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from ups import jsonio
 
 SCHEMA_VERSION = 1
 
@@ -96,7 +97,7 @@ class Report:
         }
 
     def to_json(self, strict: bool = False) -> str:
-        return json.dumps(self.to_dict(strict), indent=2, default=str)
+        return jsonio.dumps(self.to_dict(strict), indent=2)
 
     def render_table(self, strict: bool = False) -> str:
         """One line per check (status, value, message), then the hints of what needs fixing."""

@@ -19,6 +19,8 @@ fi
 
 echo "== ruff"
 $BIN/ruff check .
+echo "== lint coverage (nothing skipped by ruff or mypy)"
+$BIN/python scripts/lint_coverage.py
 echo "== mypy"
 $BIN/mypy
 echo "== pytest"

@@ -16,16 +16,14 @@ from typing import IO, Any, TextIO
 
 import structlog
 
+from ups import jsonio
+
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "exception": 40}
 
 
-def _json_default(obj: object) -> str:
-    return str(obj)
-
-
 def dumps(event: dict[str, Any]) -> str:
-    """Render one event as a compact JSON line (no trailing newline)."""
-    return json.dumps(event, default=_json_default, separators=(",", ":"))
+    """Render one event as a compact, strict JSON line (no trailing newline)."""
+    return jsonio.dumps(event)
 
 
 class _Sinks:

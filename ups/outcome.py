@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from ups import jsonio
+from ups.fsio import atomic_write_text
 
 OUTCOME_FILE = "outcome.json"
 EXIT_OK = 0
@@ -58,22 +60,7 @@ class Outcome:
     schema_version: int = 1
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never a mix."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
 
 def write_outcome(run_dir: Path, outcome: Outcome) -> Path:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from pathlib import Path
 
+from ups.fsio import atomic_symlink
 from ups.outcome import read_outcome
+from ups.runid import new_run_id
 
 LATEST = "latest"
-
-
-def new_run_id(name: str) -> str:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{name}-{stamp}-{os.urandom(2).hex()}"
 
 
 def resumable_latest(output_dir: Path, name: str) -> str | None:
@@ -45,7 +41,4 @@ def resolve_run_id(output_dir: Path, name: str, explicit: str | None = None) -> 
 def mark_latest(output_dir: Path, run_dir: Path) -> None:
     """Point ``<output_dir>/latest`` at ``run_dir`` (atomically replacing the old link)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    tmp = output_dir / f".{LATEST}.tmp-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(run_dir.resolve().relative_to(output_dir.resolve()), target_is_directory=True)
-    os.replace(tmp, output_dir / LATEST)
+    atomic_symlink(output_dir / LATEST, run_dir.resolve().relative_to(output_dir.resolve()))

@@ -1,13 +1,13 @@
 """Distributed env: under torchrun, RANK/WORLD_SIZE/LOCAL_* and MASTER_* agree.
 
-Uses the trainer's own reader (``ups.dist.env.read_dist_env``), so the rules are the same.
+Uses the trainer's own reader (``ups.distributed.env.read_dist_env``), so the rules are the same.
 """
 
 from __future__ import annotations
 
 from preflight.options import Context
 from preflight.result import CheckResult, Status
-from ups.dist.env import read_dist_env
+from ups.distributed.env import read_dist_env
 
 HINT = "start workers with `ups launch` (or torchrun), which set these variables together"
 

@@ -20,8 +20,9 @@ from ups.deploy import remote as rc
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.execute import Target
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address, new_run_id
+from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address
 from ups.deploy.progress import Progress, human_bytes
+from ups.runid import new_run_id
 
 
 def _project(run_id: str) -> str:

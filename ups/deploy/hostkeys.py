@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import paramiko
 
 from ups.deploy.errors import HostKeyChanged
+from ups.fsio import atomic_write_text
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -64,11 +64,12 @@ class RecordFirstKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
 
 def save_host_keys(keys: paramiko.HostKeys, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.close(fd)
-    keys.save(str(tmp))
-    os.replace(tmp, path)
+    lines = [
+        f"{host} {key.get_name()} {key.get_base64()}\n"
+        for host in keys
+        for key in keys[host].values()
+    ]
+    atomic_write_text(path, "".join(lines), mode=0o600)
 
 
 def load_into(client: paramiko.SSHClient, path: Path) -> None:

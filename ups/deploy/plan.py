@@ -6,16 +6,15 @@ it, and :mod:`ups.deploy.execute` carries it out step by step.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ups import jsonio
 from ups.config import load_config
 from ups.deploy.hosts import HostSpec
 from ups.deploy.remote import RemoteRun, run_script, start_command
+from ups.runid import new_run_id
 
 SECRET_NAMES = ("WANDB_API_KEY",)
 """Local environment variables forwarded to the run (values go in a 0600 file, never argv)."""
@@ -48,7 +47,7 @@ class DeployPlan:
     def to_json(self) -> str:
         data = asdict(self)
         data["remote"]["run_dir"] = self.remote.run_dir
-        return json.dumps(data, indent=2)
+        return jsonio.dumps(data, indent=2)
 
     def render(self) -> str:
         lines = [
@@ -64,11 +63,6 @@ class DeployPlan:
             if step.command:
                 lines.append(f"         $ {step.command}")
         return "\n".join(lines)
-
-
-def new_run_id(name: str) -> str:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)}-{stamp}"
 
 
 def address(spec: HostSpec) -> str:

@@ -23,6 +23,9 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
+from ups import jsonio
+from ups.fsio import atomic_write_text
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -60,9 +63,7 @@ def _failures(err: ChildFailedError) -> dict[str, dict[str, Any]]:
 
 def _write(path: Path, result: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, jsonio.dumps(result, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str]) -> int:

@@ -7,12 +7,12 @@ the plan shows the port the run will really use. ``--dry-run`` prints the plan.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ups import jsonio
 from ups.config import Config
 from ups.rundir import resolve_run_id
 
@@ -115,7 +115,7 @@ class LaunchPlan:
         return self.nnodes > 1
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        return jsonio.dumps(asdict(self), indent=2, sort_keys=True)
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:

@@ -24,10 +24,11 @@ import structlog
 import torch
 from torch import Tensor
 
+from ups import jsonio
 from ups.config import Config
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
+from ups.fsio import atomic_write_text
 from ups.model import LatentOperator
-from ups.outcome import atomic_write_text
 
 log = structlog.get_logger()
 ENCODERS = "encoders.pt"
@@ -67,7 +68,7 @@ def build_cache(
         },
         "latent_dim": cfg.model.latent_dim,
     }
-    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out / MANIFEST, jsonio.dumps(manifest, indent=2) + "\n")
     return [*written, out / ENCODERS, out / MANIFEST]
 
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ups.fsio import atomic_write_bytes, atomic_write_text
 from ups.log import get_logger
-from ups.outcome import atomic_write_text
 
 _NAME = re.compile(r"^step_(\d+)\.pt$")
 log = get_logger("checkpoint")
@@ -47,12 +46,7 @@ def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep_last
     torch.save(state, buffer)
     data = buffer.getbuffer()
     path = checkpoint_path(directory, step)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, data)
     atomic_write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
     for _, old in list_checkpoints(directory)[:-keep_last]:
         old.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ from torch import Tensor
 from ups.config import Config
 from ups.data.loader import build_eval_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
-from ups.dist.env import DistEnv
+from ups.distributed.env import DistEnv
 from ups.model import LatentOperator
 from ups.train.metrics import mean_target, rel_l2
 

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from ups.config import Config
-from ups.dist.agreement import StepVerdict, agree, average_gradients, heartbeat
-from ups.dist.env import DistEnv
-from ups.dist.lifecycle import set_collective_timeout
+from ups.distributed.agreement import StepVerdict, agree, average_gradients, heartbeat
+from ups.distributed.env import DistEnv
+from ups.distributed.lifecycle import set_collective_timeout
 from ups.train.checkpoint import save_checkpoint
 from ups.train.faults import FaultInjector
 from ups.train.metrics import rel_l2

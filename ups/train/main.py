@@ -15,7 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ups.config import Config, ConfigError, load_config
 from ups.data.pdebench import DataError, TaskInfo, inspect_task
-from ups.dist.env import read_dist_env
+from ups.distributed.env import read_dist_env
 from ups.log import get_logger, setup_logging
 from ups.model import model_problems
 from ups.outcome import EXIT_CONFIG

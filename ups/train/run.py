@@ -16,9 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
-from ups.dist.agreement import stuck_ranks
-from ups.dist.env import DistEnv
-from ups.dist.lifecycle import init_distributed, shutdown_distributed
+from ups.distributed.agreement import stuck_ranks
+from ups.distributed.env import DistEnv
+from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+from ups.fsio import atomic_write_text
 from ups.log import setup_logging
 from ups.model import LatentOperator, TaskShape, build_model
 from ups.outcome import (
@@ -26,7 +27,6 @@ from ups.outcome import (
     EXIT_OK,
     EXIT_PREEMPTED,
     Outcome,
-    atomic_write_text,
     write_outcome,
 )
 from ups.rundir import mark_latest, resolve_run_id
@@ -93,7 +93,7 @@ def build_trainer(
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        forward_sync_buffers=False,  # no collective inside forward: see ups.dist.agreement
+        forward_sync_buffers=False,  # no collective inside forward: see ups.distributed.agreement
     )
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],

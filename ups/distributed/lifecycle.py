@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from ups.config import DistributedConfig
-from ups.dist.env import DistEnv
+from ups.distributed.env import DistEnv
 
 
 def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
