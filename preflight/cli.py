@@ -11,6 +11,8 @@ import io
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
 from preflight.checks import CHECKS, GROUPS
 from preflight.options import PreflightOptions
 from preflight.runner import run_preflight, select_checks
@@ -132,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
         cache_paths=args.cache_paths,
     )
     report = run_preflight(opts)
-    print(report.to_json(args.strict) if args.json else report.render_table(args.strict))
+    if args.json:
+        print(report.to_json(args.strict))
+    elif sys.stdout.isatty():
+        # A person reads it: colours, and long messages wrapped to the terminal's width.
+        Console(highlight=False, markup=False, emoji=False).print(report.renderable(args.strict))
+    else:
+        print(report.render_table(args.strict))
     return 0 if report.ok(args.strict) else 1
 
 
