@@ -191,7 +191,7 @@ class Trainer:
                 [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
             )
             loss = (self.weights * losses).sum() / self.weights.sum()
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         return losses
 
     def _skip(self, verdict: StepVerdict, reason: str | None) -> None:
