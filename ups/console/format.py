@@ -125,4 +125,8 @@ def render_text(renderable: RenderableType, *, colors: bool = False) -> str:
 def render_line(line: str, colors: bool = False) -> str:
     """Render one JSON log line for people; a line that is not a JSON event passes through."""
     event = parse_event(line)
-    return line if event is None else render_text(event_text(event), colors=colors)
+    if event is None:
+        return line
+    text = event_text(event)
+    # .plain skips rich's render pass: this runs once per streamed line (fab logs).
+    return render_text(text, colors=True) if colors else text.plain
