@@ -20,6 +20,7 @@ from ups.log import setup_logging
 
 
 def _check_list() -> str:
+    # Plain aligned text: argparse prints it as the --help epilog, which rich cannot draw.
     width = max(len(s.name) for s in CHECKS)
     lines = [f"  {s.name:<{width}}  {s.summary} (timeout {s.timeout_s:g} s)" for s in CHECKS]
     lines += [f"  {g:<{width}}  group: {', '.join(names)}" for g, names in GROUPS.items()]

@@ -5,13 +5,16 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from preflight.result import CheckResult, Report, Status
 from ups.console import ConsoleView, render_line, short
 from ups.deploy.progress import Progress
+from ups.log import get_logger, setup_logging
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -129,3 +132,28 @@ def test_transfer_progress_shows_bytes_rate_and_eta() -> None:
     quiet.update(1536)
     quiet.close()
     assert re.fullmatch(r"fetch r 1\.5 KiB in [\d.]+ s \([\d.]+ \w+/s\)\n", plain.getvalue())
+
+
+def test_trainer_console_renders_stdout_and_keeps_the_rank_file_json(tmp_path: Path) -> None:
+    """`ups-train --log-format console`: stdout shows the live line and the outcome table,
+    while logs/rank0.jsonl still gets every event as a strict JSON line."""
+    out = Tty()
+    try:
+        path = setup_logging(log_dir=tmp_path, console=True, live=True, stdout=out)
+        log = get_logger()
+        log.info("train_start", steps=2, from_step=0)
+        log.info("train_step", step=1, **{"train/loss": 0.123456789})
+        log.warning("checkpoint_corrupt", path="x.pt")
+        log.info("outcome", outcome="finished", reason="done", exit_code=0)
+        setup_logging(console=False, stdout=io.StringIO())  # closes the old view
+    finally:
+        structlog.reset_defaults()
+    shown = ANSI.sub("", out.getvalue())
+    assert "2/2" in shown and "loss 0.1235" in shown and "checkpoint_corrupt" in shown
+    assert re.search(r"outcome +│ finished \(exit 0\)", shown)
+    assert path is not None
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["event"] for e in events] == [
+        "train_start", "train_step", "checkpoint_corrupt", "outcome",
+    ]  # fmt: skip
+    assert events[1]["train/loss"] == 0.123456789

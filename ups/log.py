@@ -46,6 +46,8 @@ class _Sinks:
         self.min_stdout = min_stdout
         self.console = console
         self.live = live
+        self.chosen = False
+        """The process's stdout format was chosen explicitly (``--log-format``)."""
         self.view: ConsoleView | None = None
 
     @property
@@ -112,16 +114,17 @@ def setup_logging(
 
     ``console=True`` renders stdout for people (:class:`ups.console.ConsoleView`; ``live``
     draws the progress line, default: when stdout is a terminal), ``False`` writes JSON
-    lines (``--log-format json``), ``None`` keeps an earlier setup's choice in this
-    process (the trainer sets up again once its run directory exists), else renders on a
-    terminal only. Under ``ups launch`` a worker's stdout is torchrun's pipe, so workers
-    write JSON and the launcher renders.
+    lines (``--log-format json``), ``None`` keeps the choice an earlier setup made for
+    the process's own stdout (the trainer sets up again once its run directory exists),
+    else renders on a terminal only. Under ``ups launch`` a worker's stdout is torchrun's
+    pipe, so workers write JSON and the launcher renders.
     """
     global _SINKS
     if _SINKS is not None:
-        if console is None:
+        if console is None and stdout is None and _SINKS.chosen:
             console, live = _SINKS.console, _SINKS.live
         _SINKS.close()
+    chosen = console is not None and stdout is None
     log_file: IO[str] | None = None
     path = None
     if log_dir is not None:
@@ -135,6 +138,7 @@ def setup_logging(
         console=(stdout or sys.stdout).isatty() if console is None else console,
         live=live,
     )
+    sinks.chosen = chosen
     _SINKS = sinks
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
