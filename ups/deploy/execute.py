@@ -349,7 +349,10 @@ def fetch(target: Target, run_id: str | None, dest: Path) -> int:
         assert conn.transport is not None
         chan = conn.transport.open_session()
         chan.exec_command(rc.tar_run_command(run))
-        progress = Progress(f"fetch {run.run_id}", None, target.out)
+        # du's apparent size (close to the tar's) gives the transfer an ETA.
+        size = _run(conn, f"du -sb {rc.q(run.run_dir)} | cut -f1", target.spec).stdout.strip()
+        total = int(size) if size.isdigit() else None
+        progress = Progress(f"fetch {run.run_id}", total, target.out)
         reader = _CountingReader(chan.makefile("rb"), progress)
         with tarfile.open(fileobj=reader, mode="r|") as tar:
             tar.extractall(dest, filter="data")

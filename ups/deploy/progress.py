@@ -29,7 +29,7 @@ __all__ = ["Progress", "human_bytes"]
 class Progress:
     """Call :meth:`update` with byte counts; :meth:`close` prints the total and rate.
 
-    ``total`` (bytes, when known) adds the bar, the percentage and the ETA.
+    ``total`` (bytes, known or estimated) adds the bar and the ETA.
     """
 
     def __init__(self, label: str, total: int | None, stream: TextIO) -> None:
@@ -59,10 +59,13 @@ class Progress:
             self._bar.update(self._task, completed=self.done)
 
     def summary(self) -> str:
-        """``label 12.3 MiB/12.3 MiB in 4.1 s (3.0 MiB/s)``: what stays after the transfer."""
+        """``label 12.3 MiB in 4.1 s (3.0 MiB/s)``: what stays after the transfer.
+
+        Only the bytes moved: a total given up front may be an estimate (``fab fetch``).
+        """
         seconds = max(time.monotonic() - self.start, 1e-6)
-        size = human_bytes(self.done) + (f"/{human_bytes(self.total)}" if self.total else "")
-        return f"{self.label} {size} in {seconds:.1f} s ({human_bytes(self.done / seconds)}/s)"
+        rate = human_bytes(self.done / seconds)
+        return f"{self.label} {human_bytes(self.done)} in {seconds:.1f} s ({rate}/s)"
 
     def close(self) -> None:
         if self._bar is not None:
