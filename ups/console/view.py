@@ -132,7 +132,8 @@ class ConsoleView:
         event = parse_event(line)
         with self._lock:
             if event is None:
-                self.console.print(Text(line), soft_wrap=True)
+                # torchrun and NCCL may colour their own lines: keep, not garble, those codes.
+                self.console.print(Text.from_ansi(line), soft_wrap=True)
             else:
                 self._handle(event)
 
