@@ -68,7 +68,7 @@ def bare_allreduce(world: int, sizes: list[int], iters: int) -> list[dict[str, f
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     port = pick_free_port(0, "127.0.0.1")
-    mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
+    mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]  # not re-exported, unannotated
         _bare_worker, args=(world, port, sizes, iters, queue), nprocs=world, start_method="spawn"
     )
     rows: list[dict[str, float]] = queue.get()

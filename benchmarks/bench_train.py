@@ -208,7 +208,7 @@ def loader_vs_step(
     cfg = load_config(config, ["wandb.mode=disabled", "distributed.backend=gloo", *data_overrides])
     infos = {task.name: inspect_task(task) for task in cfg.tasks}
     kwargs = {"batch_size": cfg.training.batch_size, "num_workers": cfg.training.num_workers}
-    loader = build_loader(list(cfg.tasks), infos, rank=0, world_size=1, seed=0, **kwargs)  # type: ignore[arg-type]
+    loader = build_loader(list(cfg.tasks), infos, rank=0, world_size=1, seed=0, **kwargs)  # type: ignore[arg-type]  # dict[str, int]
 
     it, batches, times = _batches(loader), [], []
     for _ in range(steps):

@@ -11,6 +11,8 @@ import io
 import sys
 from pathlib import Path
 
+from rich.console import Console
+
 from preflight.checks import CHECKS, GROUPS
 from preflight.options import PreflightOptions
 from preflight.runner import run_preflight, select_checks
@@ -18,6 +20,7 @@ from ups.log import setup_logging
 
 
 def _check_list() -> str:
+    # Plain aligned text: argparse prints it as the --help epilog, which rich cannot draw.
     width = max(len(s.name) for s in CHECKS)
     lines = [f"  {s.name:<{width}}  {s.summary} (timeout {s.timeout_s:g} s)" for s in CHECKS]
     lines += [f"  {g:<{width}}  group: {', '.join(names)}" for g, names in GROUPS.items()]
@@ -132,7 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         cache_paths=args.cache_paths,
     )
     report = run_preflight(opts)
-    print(report.to_json(args.strict) if args.json else report.render_table(args.strict))
+    if args.json:
+        print(report.to_json(args.strict))
+    elif sys.stdout.isatty():
+        # A person reads it: colours, and long messages wrapped to the terminal's width.
+        Console(highlight=False, markup=False, emoji=False).print(report.renderable(args.strict))
+    else:
+        print(report.render_table(args.strict))
     return 0 if report.ok(args.strict) else 1
 
 

@@ -12,7 +12,12 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
 from ups import jsonio
+from ups.console import render_text
 
 SCHEMA_VERSION = 1
 
@@ -100,28 +105,41 @@ class Report:
         return jsonio.dumps(self.to_dict(strict), indent=2)
 
     def render_table(self, strict: bool = False) -> str:
-        """One line per check (status, value, message), then the hints of what needs fixing."""
-        rows = [("CHECK", "STATUS", "VALUE", "MESSAGE")]
+        """The report as plain text (files, pipes, launch.log): :meth:`renderable` unwrapped."""
+        return render_text(self.renderable(strict))
+
+    def renderable(self, strict: bool = False) -> RenderableType:
+        """One row per check (status, value, message), the hints of what needs fixing, and
+        the verdict; statuses in colour on a terminal. The one preflight renderer."""
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for name in ("CHECK", "STATUS", "VALUE", "MESSAGE"):
+            table.add_column(name, overflow="fold")
         for r in self.results:
-            rows.append((r.name, r.status.value.upper(), _show_value(r), r.message))
-        widths = [max(len(row[i]) for row in rows) for i in range(3)]
-        lines = [
-            f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip()
-            for a, b, c, d in rows
-        ]
+            status = Text(r.status.value.upper(), style=_STATUS_STYLE[r.status])
+            table.add_row(r.name, status, _show_value(r), r.message)
+        parts: list[RenderableType] = [table]
         fixes = [r for r in self.results if r.hint and r.status in {Status.FAIL, Status.WARN}]
         if fixes:
-            lines.append("")
-            lines.append("How to fix:")
-            lines.extend(f"  {r.name}: {r.hint}" for r in fixes)
+            parts.append(Text("\nHow to fix:"))
+            parts.extend(Text(f"  {r.name}: {r.hint}") for r in fixes)
         c = self.counts()
-        verdict = "OK" if self.ok(strict) else "NOT OK"
-        lines.append("")
-        lines.append(
-            f"preflight {verdict}: {c['pass']} pass, {c['warn']} warn, {c['fail']} fail, "
-            f"{c['skip']} skip in {self.duration_s:.2f} s" + (" (strict)" if strict else "")
+        ok = self.ok(strict)
+        verdict = Text("\npreflight ")
+        verdict.append("OK" if ok else "NOT OK", style="bold green" if ok else "bold red")
+        verdict.append(
+            f": {c['pass']} pass, {c['warn']} warn, {c['fail']} fail, {c['skip']} skip in "
+            f"{self.duration_s:.2f} s" + (" (strict)" if strict else "")
         )
-        return "\n".join(lines)
+        parts.append(verdict)
+        return Group(*parts)
+
+
+_STATUS_STYLE = {
+    Status.PASS: "green",
+    Status.WARN: "bold yellow",
+    Status.FAIL: "bold red",
+    Status.SKIP: "dim",
+}
 
 
 def _show_value(r: CheckResult) -> str:

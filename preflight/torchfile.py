@@ -4,6 +4,21 @@ A torch zip holds ``<archive>/data.pkl``; each tensor's storage is a persistent 
 ``('storage', storage_type, key, location, numel)``. This unpickler records those ids and
 never imports anything: every allowed global becomes an inert stand-in, any other global
 is refused. No tensor data is read, and nothing touches a GPU.
+
+Why not ``torch.load(path, weights_only=True, mmap=True, map_location=callback)``? It
+reports the same location tags on the CUDA-tagged fixture without touching a GPU, and
+it refuses code too, but it reports less (checked on tests/fixtures and
+tests/test_preflight_cache.py, torch 2.13):
+
+- a pickle that would run ``os.system`` inside a zip without torch's other records is
+  refused for the missing ``version`` record, so the report cannot name the unsafe
+  global; this reader says ``unsafe pickle: refuses global posix.system``;
+- it needs every storage record and, with ``mmap``, the current zip format, so one
+  truncated or legacy file yields a paragraph about ``weights_only`` instead of the
+  storages it does name;
+- it builds every tensor (on mmapped storages), where reading one ``data.pkl`` is enough.
+
+tests/test_preflight_cache.py checks that both readers agree on the location tags.
 """
 
 from __future__ import annotations
@@ -81,6 +96,7 @@ class _Recorder(pickle.Unpickler):
     def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
         self.storages: list[StorageRef] = []
+        self._keys: set[str] = set()
 
     def find_class(self, module: str, name: str) -> Any:
         allowed = module in _ALLOWED_MODULES and (module != "builtins" or name in _ALLOWED_BUILTINS)
@@ -93,7 +109,9 @@ class _Recorder(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unexpected persistent id {pid!r}")
         _, storage_type, key, location, numel = pid[:5]
         type_name = storage_type.name if isinstance(storage_type, _Inert) else str(storage_type)
-        self.storages.append(StorageRef(str(key), str(location), type_name, int(numel)))
+        if str(key) not in self._keys:  # views of one tensor share its storage
+            self._keys.add(str(key))
+            self.storages.append(StorageRef(str(key), str(location), type_name, int(numel)))
         return _Inert("storage")
 
 

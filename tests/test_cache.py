@@ -49,7 +49,7 @@ def test_cache_build_then_train_on_cached_latents(make_config, tmp_path: Path) -
     result = torchrun(cached)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path / "cached")
-    assert read_outcome(run_dir).outcome == "finished"  # type: ignore[union-attr]
+    assert read_outcome(run_dir).outcome == "finished"  # type: ignore[union-attr]  # a finished run has one
     assert [e for e in rank_events(run_dir, 0) if e["event"] == "train_step"]
     frozen = torch.load(cache_dir / "encoders.pt", weights_only=True)
     _, last = list_checkpoints(run_dir / "checkpoints")[-1]

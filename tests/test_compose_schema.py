@@ -34,7 +34,7 @@ def _tagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> Any:
         return loader.construct_mapping(node, deep=True)
     if isinstance(node, yaml.SequenceNode):
         return loader.construct_sequence(node, deep=True)
-    return loader.construct_scalar(node)  # type: ignore[arg-type]
+    return loader.construct_scalar(node)  # type: ignore[arg-type]  # a ScalarNode here
 
 
 _ComposeLoader.add_multi_constructor("!", _tagged)

@@ -68,7 +68,7 @@ def write_groups(path: Path, n: int = 10, t: int = 6, hw: int = 8, c: int = 2) -
 
 
 def task(path: Path, layout: str, **kw: Any) -> TaskConfig:
-    return TaskConfig(name="t", layout=layout, path=path, **kw)  # type: ignore[arg-type]
+    return TaskConfig(name="t", layout=layout, path=path, **kw)  # type: ignore[arg-type]  # str, not the Literal
 
 
 @BOTH_MODES

@@ -23,7 +23,7 @@ from ups.rundir import mark_latest
 
 
 def _plan(tmp_path: Path, **kw: object) -> LaunchPlan:
-    req = LaunchRequest(script="train.py", output_dir=str(tmp_path / "runs"), **kw)  # type: ignore[arg-type]
+    req = LaunchRequest(script="train.py", output_dir=str(tmp_path / "runs"), **kw)  # type: ignore[arg-type]  # kw: object
     return build_plan(req, None, gpu_count=0, pick_port=lambda p: p, environ={})
 
 
@@ -121,7 +121,7 @@ def _failure(rank: int, **kw: object) -> WorkerFailure:
         "message": "", "timestamp": 100,
     }  # fmt: skip
     base.update(kw)
-    return WorkerFailure(rank=rank, **base)  # type: ignore[arg-type]
+    return WorkerFailure(rank=rank, **base)  # type: ignore[arg-type]  # values are object
 
 
 def test_segfault_without_trainer_outcome_is_named(tmp_path: Path) -> None:

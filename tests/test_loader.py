@@ -103,7 +103,7 @@ def test_multitask_passes_and_resume(two_tasks) -> None:
     kw = dict(batch_size=8, num_workers=0, world_size=2, seed=1)
     runs = []
     for rank in range(2):
-        loader = build_loader(tasks, infos, rank=rank, **kw)  # type: ignore[arg-type]
+        loader = build_loader(tasks, infos, rank=rank, **kw)  # type: ignore[arg-type]  # kw is dict[str, int]
         assert loader.steps_per_epoch == 7  # advection: 50 per rank / 8; darcy: 12 per rank -> 2
         loader.set_epoch(4)
         runs.append([{k: v[2].tolist() for k, v in step.items()} for step in loader])
@@ -112,7 +112,7 @@ def test_multitask_passes_and_resume(two_tasks) -> None:
         assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(24))
     darcy = [s["darcy"] for s in runs[0]]
     assert darcy[2] + darcy[3] != darcy[0] + darcy[1]  # a new pass is a new shuffle
-    resumed = build_loader(tasks, infos, rank=0, **kw)  # type: ignore[arg-type]
+    resumed = build_loader(tasks, infos, rank=0, **kw)  # type: ignore[arg-type]  # kw is dict[str, int]
     resumed.set_epoch(4, start_step=5)
     assert len(resumed) == 2
     assert [{k: v[2].tolist() for k, v in s.items()} for s in resumed] == runs[0][5:]
@@ -126,7 +126,7 @@ def test_single_task_is_distributed_sampler_data(two_tasks) -> None:
     )
     loader.set_epoch(2)
     got = [i for step in loader for i in step["adv"][2].tolist()]
-    ref = DistributedSampler(range(100), num_replicas=2, rank=1, seed=3)  # type: ignore[arg-type]
+    ref = DistributedSampler(range(100), num_replicas=2, rank=1, seed=3)  # type: ignore[arg-type]  # len() is all it uses
     ref.set_epoch(2 * 1000)
     assert got == list(ref)
 

@@ -19,7 +19,7 @@ def _plan(timeout_s: float, **kw: object) -> AllReducePlan:
         sizes=(1 << 16, 1 << 20), iters=3, warmup=1, timeout_s=timeout_s,
     )  # fmt: skip
     defaults.update(kw)
-    return AllReducePlan(**defaults)  # type: ignore[arg-type]
+    return AllReducePlan(**defaults)  # type: ignore[arg-type]  # values are object
 
 
 @pytest.mark.slow

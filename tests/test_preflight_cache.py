@@ -102,3 +102,28 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     assert result.status is Status.FAIL
     assert "unsafe pickle" in result.message and "system" in result.message
     assert not marker.exists()
+
+
+def test_reader_agrees_with_torch_load_on_every_storage(tmp_path: Path) -> None:
+    """The restricted reader finds the same storages and device tags torch.load reports
+    (weights_only, mmap, a map_location callback) for nested, shared and CUDA-tagged files."""
+    shared = torch.arange(10.0)
+    files = {
+        "nested": {"a": [torch.ones(2), (torch.zeros(3, dtype=torch.int64),)], "b": {"c": 1}},
+        "views": {"x": shared, "y": shared[2:5], "z": torch.randn(4, 4).t()},
+    }
+    paths = [FIXTURE]
+    for name, obj in files.items():
+        paths.append(tmp_path / f"{name}.pt")
+        torch.save(obj, paths[-1])
+    for path in paths:
+        seen: list[str] = []
+
+        def record(storage: object, location: str, seen: list[str] = seen) -> object:
+            seen.append(location)
+            return storage
+
+        torch.load(path, weights_only=True, mmap=True, map_location=record)
+        scan = scan_file(path)
+        assert scan.error is None
+        assert sorted(s.location for s in scan.storages) == sorted(seen), path

@@ -85,7 +85,7 @@ def _fake_gpu_facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuF
     return GpuFacts(
         torch_count=torch_count,
         torch_cuda=str(kw.pop("torch_cuda", "13.0")),
-        visible_devices=kw.pop("visible", None),  # type: ignore[arg-type]
+        visible_devices=kw.pop("visible", None),  # type: ignore[arg-type]  # kw values are object
         nvml=nvml,
     )
 
@@ -93,7 +93,7 @@ def _fake_gpu_facts(torch_count: int, gpus: list[GpuInfo], **kw: object) -> GpuF
 def _fake_gpu(i: int, **kw: object) -> GpuInfo:
     """A FAKE GPU as NVML would describe it."""
     return GpuInfo(index=i, name="NVIDIA H100 80GB HBM3", memory_total=80 << 30,
-                   memory_free=79 << 30, **kw)  # type: ignore[arg-type]  # fmt: skip
+                   memory_free=79 << 30, **kw)  # type: ignore[arg-type]  # fmt: skip  # kw values are object
 
 
 def test_gpu_judgement_from_nvml_facts() -> None:

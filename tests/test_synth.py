@@ -78,7 +78,7 @@ def test_files_pass_the_reader(files: dict[str, Path]) -> None:
     }
     for name, layout in layouts.items():
         info = inspect_task(
-            TaskConfig(name="t", layout=layout, path=files[name], test_fraction=0.25)  # type: ignore[arg-type]
+            TaskConfig(name="t", layout=layout, path=files[name], test_fraction=0.25)  # type: ignore[arg-type]  # str, not the Literal
         )
         assert info.n_test >= 1
 

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wandb.proto import wandb_internal_pb2 as pb  # type: ignore[attr-defined]
+from wandb.proto import wandb_internal_pb2 as pb  # type: ignore[attr-defined]  # generated protobuf module
 
 _BLOCK = 32 * 1024
 _HEADER = 7

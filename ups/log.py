@@ -1,13 +1,14 @@
 """Structured logging: JSON lines with run_id, rank, world_size and step on every event.
 
 One configuration for every process. Each rank appends every event to its own
-``<run_dir>/logs/rank<N>.jsonl``; stdout gets rank 0's progress and every rank's warnings
-and errors, as JSON lines, or rendered for people when stdout is a terminal.
+``<run_dir>/logs/rank<N>.jsonl`` (always JSON); stdout gets rank 0's progress and every
+rank's warnings and errors, as JSON lines, or through :class:`ups.console.ConsoleView`
+(progress line, tables) when asked to render for people (see :mod:`ups.console`).
 """
 
 from __future__ import annotations
 
-import json
+import atexit
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -17,6 +18,9 @@ from typing import IO, Any, TextIO
 import structlog
 
 from ups import jsonio
+from ups.console import ConsoleView, render_line
+
+__all__ = ["dumps", "get_logger", "render_line", "setup_logging"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "exception": 40}
 
@@ -30,13 +34,21 @@ class _Sinks:
     """Final structlog 'logger': writes each event dict to the file and/or stdout."""
 
     def __init__(
-        self, file: IO[str] | None, stdout: TextIO | None, min_stdout: int, console: bool
+        self,
+        file: IO[str] | None,
+        stdout: TextIO | None,
+        min_stdout: int,
+        console: bool,
+        live: bool | None,
     ) -> None:
         self.file = file
         self._stdout = stdout
         self.min_stdout = min_stdout
-        colors = self.stdout.isatty()
-        self.console = structlog.dev.ConsoleRenderer(colors=colors) if console else None
+        self.console = console
+        self.live = live
+        self.chosen = False
+        """The process's stdout format was chosen explicitly (``--log-format``)."""
+        self.view: ConsoleView | None = None
 
     @property
     def stdout(self) -> TextIO:
@@ -50,12 +62,22 @@ class _Sinks:
         if self.file is not None:
             self.file.write(line + "\n")
             self.file.flush()
-        if level >= self.min_stdout:
-            text = (
-                self.console(None, str(event.get("level")), dict(event)) if self.console else line
-            )
-            self.stdout.write(str(text) + "\n")
-            self.stdout.flush()
+        if level < self.min_stdout:
+            return
+        if self.console:
+            if self.view is None:
+                self.view = ConsoleView(self.stdout, live=self.live)
+                atexit.register(self.view.close)  # the live line ends with the process
+            self.view.feed_event(dict(event))
+            return
+        self.stdout.write(line + "\n")
+        self.stdout.flush()
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.close()
+            atexit.unregister(self.view.close)
+            self.view = None
 
     msg = info = debug = warning = error = critical = exception = log = write
 
@@ -68,22 +90,14 @@ class _SinksFactory:
         return self.sinks
 
 
+_SINKS: _Sinks | None = None
+"""The sinks of the last setup, closed (live console line stopped) by the next one."""
+
+
 def _to_sink(
     _: Any, __: str, event_dict: MutableMapping[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (event_dict,), {}
-
-
-def render_line(line: str, colors: bool = False) -> str:
-    """Render one JSON log line for people; a line that is not a JSON event passes through."""
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return line
-    if not isinstance(event, dict) or "event" not in event:
-        return line
-    renderer = structlog.dev.ConsoleRenderer(colors=colors)
-    return str(renderer(None, str(event.get("level", "info")), event))
 
 
 def setup_logging(
@@ -93,12 +107,24 @@ def setup_logging(
     run_id: str | None = None,
     log_dir: Path | None = None,
     console: bool | None = None,
+    live: bool | None = None,
     stdout: TextIO | None = None,
 ) -> Path | None:
     """Configure structlog for this process and return the rank's log file path, if any.
 
-    ``console=None`` renders for people only when stdout is a terminal.
+    ``console=True`` renders stdout for people (:class:`ups.console.ConsoleView`; ``live``
+    draws the progress line, default: when stdout is a terminal), ``False`` writes JSON
+    lines (``--log-format json``), ``None`` keeps the choice an earlier setup made for
+    the process's own stdout (the trainer sets up again once its run directory exists),
+    else renders on a terminal only. Under ``ups launch`` a worker's stdout is torchrun's
+    pipe, so workers write JSON and the launcher renders.
     """
+    global _SINKS
+    if _SINKS is not None:
+        if console is None and stdout is None and _SINKS.chosen:
+            console, live = _SINKS.console, _SINKS.live
+        _SINKS.close()
+    chosen = console is not None and stdout is None
     log_file: IO[str] | None = None
     path = None
     if log_dir is not None:
@@ -110,7 +136,10 @@ def setup_logging(
         stdout,
         min_stdout=logging.INFO if rank == 0 else logging.WARNING,
         console=(stdout or sys.stdout).isatty() if console is None else console,
+        live=live,
     )
+    sinks.chosen = chosen
+    _SINKS = sinks
     structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     structlog.configure(

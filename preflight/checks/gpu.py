@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from preflight.nvml import NvmlFacts, read_nvml
+from preflight.nvml import GpuInfo, NvmlFacts, read_nvml
 from preflight.options import Context
 from preflight.result import CheckResult, Status, worst
 from preflight.units import human_bytes
@@ -45,10 +45,13 @@ def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
 
+Problem = tuple[Status, str, str]
+"""(status, what is wrong, the fix)."""
+
+
 def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
     """Judge the gathered facts (pure, so every branch is testable without a GPU)."""
     nvml = facts.nvml
-    visible = _visible_count(facts.visible_devices)
     nvml_count = len(nvml.gpus) if nvml.available else None
     details: dict[str, Any] = {
         "expected": expected,
@@ -72,7 +75,27 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
             unit="GPUs",
             details=details,
         )
-    problems: list[tuple[Status, str, str]] = []
+    problems = [
+        *_count_problems(facts, expected, nvml_count),
+        *_cuda_problems(facts.torch_cuda, nvml.cuda_driver),
+        *(p for g in nvml.gpus for p in _health_problems(g)),
+    ]
+    return CheckResult(
+        name="gpu",
+        status=worst([s for s, _, _ in problems]),
+        message="; ".join(m for _, m, _ in problems) or _summary(facts),
+        value=seen,
+        threshold=expected,
+        unit="GPUs",
+        hint="; ".join(dict.fromkeys(h for _, _, h in problems)) or None,
+        details=details,
+    )
+
+
+def _count_problems(facts: GpuFacts, expected: int | None, nvml_count: int | None) -> list[Problem]:
+    """torch sees fewer GPUs than expected, or a different number than NVML / the env lists."""
+    seen = facts.torch_count
+    problems: list[Problem] = []
     if expected and seen < expected:
         why = ""
         if facts.torch_cuda is None:
@@ -87,6 +110,7 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
                 "distributed.nproc_per_node / --nproc-per-node",
             )
         )
+    visible = _visible_count(facts.visible_devices)
     limit = visible if visible is not None else nvml_count
     if limit is not None and seen != limit:
         source = "CUDA_VISIBLE_DEVICES" if visible is not None else "NVML"
@@ -98,70 +122,78 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
                 "may be newer than the driver supports",
             )
         )
-    if facts.torch_cuda and nvml.cuda_driver:
-        built, driver = _version_tuple(facts.torch_cuda), _version_tuple(nvml.cuda_driver)
-        if built[:1] > driver[:1]:
-            problems.append(
-                (
-                    Status.FAIL,
-                    f"torch built for CUDA {facts.torch_cuda}, driver supports {nvml.cuda_driver}",
-                    "use a host with a newer NVIDIA driver",
-                )
+    return problems
+
+
+def _cuda_problems(torch_cuda: str | None, driver_cuda: str | None) -> list[Problem]:
+    """torch built for a newer CUDA than the driver supports (major: fail, minor: warn)."""
+    if not (torch_cuda and driver_cuda):
+        return []
+    built, driver = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
+    if built[:1] > driver[:1]:
+        return [
+            (
+                Status.FAIL,
+                f"torch built for CUDA {torch_cuda}, driver supports {driver_cuda}",
+                "use a host with a newer NVIDIA driver",
             )
-        elif built[:2] > driver[:2]:
-            problems.append(
-                (
-                    Status.WARN,
-                    f"torch built for CUDA {facts.torch_cuda}, driver supports only "
-                    f"{nvml.cuda_driver} (minor-version compatibility)",
-                    "prefer a host whose driver supports the image's CUDA version",
-                )
+        ]
+    if built[:2] > driver[:2]:
+        return [
+            (
+                Status.WARN,
+                f"torch built for CUDA {torch_cuda}, driver supports only "
+                f"{driver_cuda} (minor-version compatibility)",
+                "prefer a host whose driver supports the image's CUDA version",
             )
-    for g in nvml.gpus:
-        if g.processes:
-            used = sum(p["used_bytes"] or 0 for p in g.processes)
-            pids = ",".join(str(p["pid"]) for p in g.processes)
-            problems.append(
-                (
-                    Status.WARN,
-                    f"GPU {g.index} already has {len(g.processes)} process(es) "
-                    f"holding {human_bytes(used)} (pid {pids})",
-                    f"stop the leftover processes: kill {pids.replace(',', ' ')}",
-                )
+        ]
+    return []
+
+
+def _health_problems(g: GpuInfo) -> list[Problem]:
+    """One GPU: leftover processes holding memory (warn), ECC or remap trouble (fail)."""
+    problems: list[Problem] = []
+    if g.processes:
+        used = sum(p["used_bytes"] or 0 for p in g.processes)
+        pids = ",".join(str(p["pid"]) for p in g.processes)
+        problems.append(
+            (
+                Status.WARN,
+                f"GPU {g.index} already has {len(g.processes)} process(es) "
+                f"holding {human_bytes(used)} (pid {pids})",
+                f"stop the leftover processes: kill {pids.replace(',', ' ')}",
             )
-        if g.ecc_uncorrected:
-            problems.append(
-                (
-                    Status.FAIL,
-                    f"GPU {g.index} has {g.ecc_uncorrected} uncorrected ECC errors",
-                    "destroy this instance and rent another host",
-                )
+        )
+    if g.ecc_uncorrected:
+        problems.append(
+            (
+                Status.FAIL,
+                f"GPU {g.index} has {g.ecc_uncorrected} uncorrected ECC errors",
+                "destroy this instance and rent another host",
             )
-        if g.retired_pages_pending or g.row_remap_pending or g.row_remap_failure:
-            problems.append(
-                (
-                    Status.FAIL,
-                    f"GPU {g.index} has pending page retirement / row remap (needs a GPU reset)",
-                    "destroy this instance and rent another host",
-                )
+        )
+    if g.retired_pages_pending or g.row_remap_pending or g.row_remap_failure:
+        problems.append(
+            (
+                Status.FAIL,
+                f"GPU {g.index} has pending page retirement / row remap (needs a GPU reset)",
+                "destroy this instance and rent another host",
             )
+        )
+    return problems
+
+
+def _summary(facts: GpuFacts) -> str:
+    """What a healthy host shows: count, models, least free memory, driver."""
+    nvml = facts.nvml
     names = sorted({g.name for g in nvml.gpus})
-    summary = f"{seen} GPU(s) visible" + (f": {', '.join(names)}" if names else "")
+    summary = f"{facts.torch_count} GPU(s) visible" + (f": {', '.join(names)}" if names else "")
     if nvml.gpus:
         free = min(g.memory_free for g in nvml.gpus)
         summary += f", least free memory {human_bytes(free)}"
     if nvml.driver:
         summary += f", driver {nvml.driver} (CUDA {nvml.cuda_driver})"
-    return CheckResult(
-        name="gpu",
-        status=worst([s for s, _, _ in problems]),
-        message="; ".join(m for _, m, _ in problems) or summary,
-        value=seen,
-        threshold=expected,
-        unit="GPUs",
-        hint="; ".join(dict.fromkeys(h for _, _, h in problems)) or None,
-        details=details,
-    )
+    return summary
 
 
 def run(ctx: Context) -> CheckResult:

@@ -26,10 +26,10 @@ def runtime_versions() -> dict[str, str | None]:
         "nccl": None,
     }
     if cuda is not None:
-        code = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+        code = torch.backends.cudnn.version()  # type: ignore[no-untyped-call]  # unannotated in torch
         versions["cudnn"] = cudnn_string(code) if code else None
         if torch.distributed.is_nccl_available():
-            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            nccl = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # unannotated in torch
             versions["nccl"] = ".".join(map(str, nccl))
     return versions
 

@@ -16,6 +16,8 @@ COMMANDS = {
 
 
 def _usage() -> str:
+    # Plain aligned text, not a rich table: it is usage text that must read the same in
+    # `ups --help | less`, and two columns need no library.
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     return "usage: ups COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines)

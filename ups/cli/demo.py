@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ups.config import ConfigError, load_config
+from ups.console import LOG_FORMATS, eval_table, render_text, wants_console
 from ups.data.synth import synthesize
 from ups.outcome import EXIT_CONFIG, read_outcome
 
@@ -20,21 +21,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthesized demo data")
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="as for `ups launch`: console (progress line, tables), json, or auto",
+    )
     return p
 
 
 def render_comparison(metrics: dict[str, float]) -> str:
-    """A table: task, model error, baseline error, and how many times better the model is."""
-    tasks = sorted({key.split("/")[1] for key in metrics if key.startswith("eval/")})
-    lines = [f"{'task':<12} {'model rel L2':>13} {'baseline rel L2':>16} {'baseline/model':>15}"]
-    for task in tasks:
-        model = metrics[f"eval/{task}/rel_l2"]
-        base = metrics[f"eval/{task}/baseline_rel_l2"]
-        lines.append(f"{task:<12} {model:>13.4f} {base:>16.4f} {base / model:>14.1f}x")
-    lines.append(
-        "baseline: persistence (previous frame) for time tasks, mean training field for steady"
-    )
-    return "\n".join(lines)
+    """A table: task, model error, baseline error, how many times better the model is."""
+    return render_text(eval_table(metrics))
 
 
 def main(argv: list[str]) -> int:
@@ -50,8 +48,10 @@ def main(argv: list[str]) -> int:
     from ups.cli import launch
 
     sets = [f"--set={item}" for item in args.overrides]
-    code = launch.main([args.config, *sets])
+    code = launch.main([args.config, *sets, f"--log-format={args.log_format}"])
     outcome = read_outcome(cfg.run.output_dir / "latest")
-    if code == 0 and outcome is not None and outcome.outcome == "finished":
+    finished = code == 0 and outcome is not None and outcome.outcome == "finished"
+    # On the console the run already ended with this table (the eval event's).
+    if finished and outcome is not None and not wants_console(args.log_format, sys.stdout):
         print(render_comparison(outcome.metrics))
     return code

@@ -2,6 +2,7 @@
 
     ups launch CONFIG [--set k=v ...] [--nproc-per-node N] [--nnodes N --node-rank R
                --rdzv-endpoint HOST:PORT] [--run-id ID] [--skip-preflight] [--dry-run]
+               [--log-format {auto,console,json}]
     ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
 
 Exit code: the run's (0 finished, 75 preempted, torchrun's code on failure); 2 for a
@@ -14,6 +15,7 @@ import argparse
 import sys
 
 from ups.config import Config, ConfigError, load_config
+from ups.console import LOG_FORMATS, wants_console
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_CONFIG
 
@@ -47,6 +49,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
     p.add_argument("--script", help="a torchrun-compatible script to run instead of the trainer")
+    p.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="stdout for people (console: live progress line, tables) or raw JSON lines; "
+        "auto: console on a terminal. launch.log and logs/rank<N>.jsonl are always JSON",
+    )
     return p
 
 
@@ -100,4 +109,5 @@ def main(argv: list[str]) -> int:
         return 0
     from ups.launch.execute import execute
 
-    return execute(plan, cfg, gpu_count=gpus)
+    render = wants_console(args.log_format, sys.stdout)
+    return execute(plan, cfg, gpu_count=gpus, render=render)

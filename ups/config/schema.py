@@ -45,6 +45,7 @@ class TaskConfig(_Strict):
     name: str
     """Task name, used for the encoder/decoder pair and in metrics (``advection``, ``darcy``...)."""
     layout: Layout
+    """How the HDF5 file is organised: ``single_1d``, ``darcy_2d`` or ``groups_2d`` (see Layout)."""
     path: FilePath
     """HDF5 file in PDEBench layout."""
     reduced_resolution: int = Field(1, ge=1)
@@ -65,11 +66,13 @@ class ModelConfig(_Strict):
     depth: int = Field(2, ge=1)
     """Transformer blocks in the shared operator."""
     heads: int = Field(4, ge=1)
+    """Attention heads per block; must divide ``latent_dim``."""
     patch_1d: int = Field(8, ge=1)
     """Grid points per latent token for 1D tasks."""
     patch_2d: int = Field(8, ge=1)
     """Edge of the square patch per latent token for 2D tasks."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability inside the operator's blocks; 0 disables it."""
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelConfig:
@@ -83,14 +86,19 @@ class ModelConfig(_Strict):
 
 class TrainingConfig(_Strict):
     epochs: int = Field(4, ge=1)
+    """Passes over the training data (the run's length unless ``max_steps`` is set)."""
     batch_size: int = Field(32, ge=1)
     """Per-rank batch size."""
     lr: float = Field(1e-3, gt=0.0)
+    """Peak learning rate (AdamW), reached at the end of warm-up."""
     weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
     schedule: Literal["cosine", "constant"] = "cosine"
     """Learning-rate schedule after warm-up: cosine decay to ``min_lr_ratio * lr``, or constant."""
     warmup_steps: int = Field(20, ge=0)
+    """Optimizer steps of linear warm-up from ``lr / warmup_steps`` to ``lr``."""
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Where the cosine schedule ends, as a fraction of ``lr``."""
     grad_clip: float = Field(1.0, ge=0.0)
     """Global grad-norm clip; 0 disables."""
     num_workers: int = Field(0, ge=0)
@@ -102,6 +110,7 @@ class TrainingConfig(_Strict):
     max_consecutive_skips: int = Field(3, ge=1)
     """Fail the run after this many consecutive steps skipped for out-of-memory."""
     eval_batch_size: int = Field(64, ge=1)
+    """Per-rank batch size of the held-out evaluation at the end of the run."""
     record_sample_ids: bool = False
     """Log every step's sample indices to the rank's log file (to audit sharding)."""
 
@@ -121,7 +130,9 @@ class DistributedConfig(_Strict):
 
 class CheckpointConfig(_Strict):
     every_steps: int = Field(100, ge=1)
+    """Write a checkpoint every N steps (and always at the end or on preemption)."""
     keep_last: int = Field(3, ge=1)
+    """Checkpoints kept in the run directory; older ones are deleted."""
     resume: bool = True
     """Resume from the newest good checkpoint in the run directory when one exists."""
 
@@ -130,6 +141,7 @@ class CacheConfig(_Strict):
     enabled: bool = False
     """Train the operator on precomputed latents (encoders frozen) instead of raw grids."""
     dir: FilePath = Path("cache/latents")
+    """Where ``ups cache build`` writes the latents (a ``.pt`` per task) and training reads them."""
     extra_files: list[FilePath] = Field(default_factory=list)
     """Other ``.pt`` files the run loads; preflight checks that they hold CPU tensors only."""
 
@@ -138,7 +150,9 @@ class WandbConfig(_Strict):
     mode: Literal["auto", "online", "offline", "disabled"] = "auto"
     """``auto``: online when ``WANDB_API_KEY`` is set, offline otherwise."""
     project: str = "ups"
+    """W&B project the run is logged to."""
     entity: str | None = None
+    """W&B team or user; default: the API key's default entity."""
 
 
 class PreflightConfig(_Strict):
@@ -153,20 +167,31 @@ class FaultConfig(_Strict):
     """One injected fault, for tests and drills. Never present in a normal config."""
 
     kind: FaultKind
+    """What happens: out-of-memory, an exception, a segfault, a hang, or a SIGTERM."""
     rank: int = Field(ge=0)
+    """The rank the fault fires on."""
     step: int = Field(ge=0)
     """The global step (0-based) at whose start the fault fires."""
 
 
 class Config(_Strict):
     run: RunConfig = RunConfig()
+    """Name, seed, run id and where run directories go."""
     tasks: list[TaskConfig] = Field(min_length=1)
+    """The PDE datasets trained on together (at least one)."""
     model: ModelConfig = ModelConfig()
+    """Size of the shared latent operator and its per-task encoders/decoders."""
     training: TrainingConfig = TrainingConfig()
+    """Optimizer, schedule, batch sizes, run length and logging cadence."""
     distributed: DistributedConfig = DistributedConfig()
+    """Backend, timeouts, master port and workers per node."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """How often checkpoints are written, how many are kept, and resuming."""
     cache: CacheConfig = CacheConfig()
+    """Training on precomputed latents instead of raw grids."""
     wandb: WandbConfig = WandbConfig()
+    """Experiment tracking (online, offline or disabled)."""
     preflight: PreflightConfig = PreflightConfig()
+    """Thresholds for ``ups-preflight``."""
     faults: list[FaultConfig] = Field(default_factory=list)
     """Fault injection (also ``UPS_FAULTS``); empty in every shipped config."""

@@ -33,7 +33,7 @@ class ShardedSampler(DistributedSampler[int]):
     """
 
     def __init__(self, dataset: Sized, **kwargs: Any) -> None:
-        super().__init__(dataset, **kwargs)  # type: ignore[arg-type]
+        super().__init__(dataset, **kwargs)  # type: ignore[arg-type]  # the sampler only needs len(), not a Dataset
         self.start = 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from fabric import Connection
 
 import ups
+from ups.console import ConsoleView
 from ups.deploy import remote as rc
 from ups.deploy.connect import connect
 from ups.deploy.errors import DeployError, PreflightFailed
@@ -227,7 +228,7 @@ def read_result(conn: Connection, run: rc.RemoteRun, spec: HostSpec) -> tuple[in
 
 def follow(target: Target, run: rc.RemoteRun, mirror: Path | None = None) -> int:
     """Stream the run's launch.log until it ends; return the run's exit code."""
-    colors = target.out.isatty()
+    view = ConsoleView(target.out)  # live progress and tables on a terminal, lines otherwise
     sink = mirror.open("wb") if mirror is not None else None
     conns: list[Connection] = []
 
@@ -240,7 +241,7 @@ def follow(target: Target, run: rc.RemoteRun, mirror: Path | None = None) -> int
         if sink is not None:
             sink.write(line)
             sink.flush()
-        target.say(render_line(line.decode("utf-8", "replace").rstrip("\n"), colors=colors))
+        view.feed(line.decode("utf-8", "replace").rstrip("\n"))
 
     follower = LogFollower(
         open_transport,
@@ -254,6 +255,7 @@ def follow(target: Target, run: rc.RemoteRun, mirror: Path | None = None) -> int
         conn = conns[-1]
         code, outcome = read_result(conn, run, target.spec)
     finally:
+        view.close()
         follower.close()
         for c in conns:
             c.close()
@@ -347,7 +349,10 @@ def fetch(target: Target, run_id: str | None, dest: Path) -> int:
         assert conn.transport is not None
         chan = conn.transport.open_session()
         chan.exec_command(rc.tar_run_command(run))
-        progress = Progress(f"fetch {run.run_id}", None, target.out)
+        # du's apparent size (close to the tar's) gives the transfer an ETA.
+        size = _run(conn, f"du -sb {rc.q(run.run_dir)} | cut -f1", target.spec).stdout.strip()
+        total = int(size) if size.isdigit() else None
+        progress = Progress(f"fetch {run.run_id}", total, target.out)
         reader = _CountingReader(chan.makefile("rb"), progress)
         with tarfile.open(fileobj=reader, mode="r|") as tar:
             tar.extractall(dest, filter="data")

@@ -99,7 +99,7 @@ def _partial_tar(saved: Path, missing: set[int], sink: IO[bytes]) -> int:
     """Copy ``saved`` into ``sink`` without the layer files the remote has; return their size."""
     missing_bytes = 0
     with tarfile.open(saved) as src:
-        manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]
+        manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]  # extractfile is Optional; docker save always writes it
         layer_files = manifest[0]["Layers"]
         skip = {name for i, name in enumerate(layer_files) if i not in missing}
         with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out:
@@ -143,7 +143,7 @@ def send_image(
 
     def produce() -> None:
         try:
-            plan.missing_bytes = _partial_tar(saved, set(plan.missing), gz)  # type: ignore[arg-type]
+            plan.missing_bytes = _partial_tar(saved, set(plan.missing), gz)  # type: ignore[arg-type]  # _GzipQueue has the write() tarfile uses
         except BaseException as err:  # handed to the consumer thread below
             errors.append(err)
         finally:

@@ -1,21 +1,36 @@
-"""A byte-count progress bar for transfers (terminal only; a summary line otherwise)."""
+"""Transfer progress: bytes, rate and ETA on a terminal (rich), one summary line otherwise.
+
+rich.progress replaces a hand-drawn ``\\r`` bar: it measures the rate over a moving
+window (so the ETA follows a link that slows down), redraws at a bounded rate, and is
+the library the training console already uses.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import TextIO
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    ProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.progress import Progress as _RichProgress
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GB"
+from preflight.units import human_bytes
+
+__all__ = ["Progress", "human_bytes"]
 
 
 class Progress:
-    """Call :meth:`update` with byte counts; :meth:`close` prints the total and rate."""
+    """Call :meth:`update` with byte counts; :meth:`close` prints the total and rate.
+
+    ``total`` (bytes, known or estimated) adds the bar and the ETA.
+    """
 
     def __init__(self, label: str, total: int | None, stream: TextIO) -> None:
         self.label = label
@@ -23,29 +38,37 @@ class Progress:
         self.stream = stream
         self.done = 0
         self.start = time.monotonic()
-        self._last_draw = 0.0
         self.tty = stream.isatty()
+        self._bar: _RichProgress | None = None
+        if self.tty:
+            columns: list[ProgressColumn] = [TextColumn(label)]
+            if total:
+                columns.append(BarColumn(bar_width=30))
+            columns += [DownloadColumn(binary_units=True), TransferSpeedColumn()]
+            if total:
+                columns += [TextColumn("ETA"), TimeRemainingColumn()]
+            self._bar = _RichProgress(
+                *columns, console=Console(file=stream), redirect_stdout=False, transient=True
+            )
+            self._task = self._bar.add_task(label, total=total)
+            self._bar.start()
 
     def update(self, n: int) -> None:
         self.done += n
-        now = time.monotonic()
-        if self.tty and now - self._last_draw > 0.1:
-            self._last_draw = now
-            self.stream.write("\r" + self._line(now))
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done)
 
-    def _line(self, now: float) -> str:
-        rate = self.done / max(now - self.start, 1e-6)
-        if self.total:
-            frac = min(self.done / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            return (
-                f"{self.label} [{bar:<30}] {human_bytes(self.done)}/{human_bytes(self.total)} "
-                f"{human_bytes(rate)}/s"
-            )
-        return f"{self.label} {human_bytes(self.done)} {human_bytes(rate)}/s"
+    def summary(self) -> str:
+        """``label 12.3 MiB in 4.1 s (3.0 MiB/s)``: what stays after the transfer.
+
+        Only the bytes moved: a total given up front may be an estimate (``fab fetch``).
+        """
+        seconds = max(time.monotonic() - self.start, 1e-6)
+        rate = human_bytes(self.done / seconds)
+        return f"{self.label} {human_bytes(self.done)} in {seconds:.1f} s ({rate}/s)"
 
     def close(self) -> None:
-        line = self._line(time.monotonic())
-        self.stream.write(("\r" if self.tty else "") + line + "\n")
+        if self._bar is not None:
+            self._bar.stop()  # transient: the live bar gives way to the summary line
+        self.stream.write(self.summary() + "\n")
         self.stream.flush()

@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     result: dict[str, Any] = {"status": "ok", "failures": {}, "signal": None, "error": None}
     rc = 0
     try:
-        run(args)  # type: ignore[no-untyped-call]
+        run(args)  # type: ignore[no-untyped-call]  # unannotated in torch
     except ChildFailedError as err:
         result.update(status="failed", failures=_failures(err))
         rc = 1

@@ -52,14 +52,23 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
 
 
 def execute(
-    plan: LaunchPlan, cfg: Config | None, *, gpu_count: int, console: TextIO | None = None
+    plan: LaunchPlan,
+    cfg: Config | None,
+    *,
+    gpu_count: int,
+    console: TextIO | None = None,
+    render: bool | None = None,
 ) -> int:
-    """Run the plan and return the process exit code (see ``finalize.exit_code``)."""
+    """Run the plan and return the process exit code (see ``finalize.exit_code``).
+
+    ``render``: show the output for people (progress line, tables) instead of raw lines;
+    default: when the console is a terminal. launch.log gets the raw lines either way.
+    """
     run_dir = Path(plan.run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     set_aside_previous_outcome(run_dir)
     mark_latest(Path(plan.output_dir), run_dir)
-    with LineTee(Path(plan.log_path), console or sys.stdout) as tee:
+    with LineTee(Path(plan.log_path), console or sys.stdout, render=render) as tee:
         _setup_logging(plan, tee)
         try:
             return _gate_and_run(plan, cfg, gpu_count, tee)
@@ -140,6 +149,6 @@ def _preflight(
     from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
 
     verdict = run_gate(plan, cfg, gpu_count)
-    for line in verdict.report.render_table(plan.preflight_strict).splitlines():
-        tee.write_line(line)
+    report, strict = verdict.report, plan.preflight_strict
+    tee.write_block(report.render_table(strict), report.renderable(strict))
     return None if verdict.ok else verdict.failed

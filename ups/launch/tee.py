@@ -1,8 +1,11 @@
 """Write every line ``ups launch`` and its workers print to ``launch.log`` and to stdout.
 
 The file gets the raw lines (JSON events and torchrun's plain text), flushed per line,
-because ``fab logs`` follows it remotely by byte offset. stdout gets the same lines,
-rendered for people when it is a terminal, raw otherwise (containers, pipes).
+because ``fab logs`` follows it remotely by byte offset. stdout gets the same raw lines
+(containers, pipes, ``--log-format json``), or, when rendering for people (a terminal,
+``--log-format console``), each line goes to a :class:`ups.console.ConsoleView`, which
+draws the progress line and the tables (see :mod:`ups.console` for why the launcher is
+the one that renders).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import threading
 from pathlib import Path
 from typing import IO, TextIO
 
-from ups.log import render_line
+from rich.console import RenderableType
+
+from ups.console import ConsoleView
 
 
 class LineTee:
@@ -26,9 +31,12 @@ class LineTee:
         self.path = path
         self._file: IO[str] = path.open("a", buffering=1, encoding="utf-8")
         self._console: TextIO | None = console
-        self._render = console.isatty() if render is None else render
+        render = console.isatty() if render is None else render
+        self._view = ConsoleView(console, live=True) if render else None
         self._partial = ""
-        self._lock = threading.Lock()
+        # Reentrant: a stop signal's handler logs through this tee, possibly while the
+        # main thread is inside write_line; a plain Lock would deadlock there.
+        self._lock = threading.RLock()
 
     def isatty(self) -> bool:
         # Callers that ask get "no": they must write JSON, which this stream renders itself.
@@ -39,16 +47,30 @@ class LineTee:
         with self._lock:
             self._file.write(line + "\n")
             self._file.flush()
+            if self._view is not None:
+                self._view.feed(line)  # the view drops output once the terminal is gone
+                return
             if self._console is None:
                 return
-            shown = render_line(line, colors=True) if self._render else line
             try:
-                self._console.write(shown + "\n")
+                self._console.write(line + "\n")
                 self._console.flush()
             except OSError:
                 # The terminal or SSH session went away (EPIPE, EIO). The run goes on and
                 # launch.log keeps every line; only the console copy stops.
                 self._console = None
+
+    def write_block(self, text: str, renderable: RenderableType) -> None:
+        """A block such as the preflight report: ``text`` to the file (and raw stdout),
+        ``renderable`` (the same content, in colour) to a person's console."""
+        with self._lock:
+            if self._view is None:
+                for line in text.splitlines():
+                    self.write_line(line)
+                return
+            self._file.write(text + "\n")
+            self._file.flush()
+            self._view.show(renderable)
 
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
@@ -64,6 +86,8 @@ class LineTee:
         if self._partial:
             self.write_line(self._partial)
             self._partial = ""
+        if self._view is not None:
+            self._view.close()
         self._file.close()
 
     def __enter__(self) -> LineTee:

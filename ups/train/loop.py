@@ -37,9 +37,12 @@ class TrainState:
     updates: int = 0
     """Optimizer updates applied."""
     skipped: int = 0
+    """Steps skipped because a rank ran out of memory (no update applied)."""
     consecutive_skips: int = 0
+    """Skips in a row; ``training.max_consecutive_skips`` of them fail the run."""
 
     def as_dict(self) -> dict[str, int]:
+        """The counters as stored in a checkpoint (``train_state``)."""
         return asdict(self)
 
 
@@ -99,6 +102,7 @@ class Trainer:
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
 
     def checkpoint_state(self) -> dict[str, Any]:
+        """Everything a resumed run needs: model, optimizer, schedule, counters, CPU RNG."""
         return {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -121,6 +125,12 @@ class Trainer:
         return path
 
     def run(self) -> Literal["finished", "preempted"]:
+        """Train from ``state.step`` to ``total_steps``, checkpointing every
+        ``checkpoint.every_steps``; "preempted" as soon as the ranks agree to stop.
+
+        Raises whatever a step raises (a rank's error, :class:`TooManySkips`); the caller
+        writes the outcome.
+        """
         spe = self.loader.steps_per_epoch
         while self.state.step < self.total_steps:
             epoch, offset = divmod(self.state.step, spe)
@@ -137,6 +147,11 @@ class Trainer:
         return "finished"
 
     def train_step(self, batch: Batch, epoch: int) -> StepVerdict:
+        """One step on every rank: local forward/backward, then one agreement all ranks
+        join (skip on any rank's out-of-memory, stop on a signal), then the update.
+
+        Returns the agreed verdict; ``state.step`` has advanced either way.
+        """
         step, started = self.state.step, time.perf_counter()
         structlog.contextvars.bind_contextvars(step=step)
         oom_reason = None
@@ -191,7 +206,7 @@ class Trainer:
                 [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
             )
             loss = (self.weights * losses).sum() / self.weights.sum()
-            loss.backward()  # type: ignore[no-untyped-call]
+            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         return losses
 
     def _skip(self, verdict: StepVerdict, reason: str | None) -> None:

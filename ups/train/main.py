@@ -14,6 +14,7 @@ import sys
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ups.config import Config, ConfigError, load_config
+from ups.console import LOG_FORMATS, wants_console
 from ups.data.pdebench import DataError, TaskInfo, inspect_task
 from ups.distributed.env import read_dist_env
 from ups.log import get_logger, setup_logging
@@ -36,6 +37,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set training.lr=1e-4 (repeatable)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="auto",
+        help="stdout for people (console: progress line, tables) or JSON lines; auto: "
+        "console on a terminal. logs/rank<N>.jsonl is always JSON",
+    )
     return parser.parse_args(argv)
 
 
@@ -56,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag().install()
     args = _parse(argv)
     setup_logging(
-        rank=int(os.environ.get("RANK", "0")), world_size=int(os.environ.get("WORLD_SIZE", "1"))
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        console=wants_console(args.log_format, sys.stdout),
+        live=True if args.log_format == "console" else None,
     )
     log = get_logger()
     try:
