@@ -7,6 +7,7 @@ rendered for people when it is a terminal, raw otherwise (containers, pipes).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import IO, TextIO
@@ -28,6 +29,7 @@ class LineTee:
         self._console: TextIO | None = console
         self._render = console.isatty() if render is None else render
         self._partial = ""
+        self._file_error: str | None = None
         self._lock = threading.Lock()
 
     def isatty(self) -> bool:
@@ -37,8 +39,7 @@ class LineTee:
     def write_line(self, line: str) -> None:
         """Write one line (without its newline) to both sinks."""
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._write_file(line)
             if self._console is None:
                 return
             shown = render_line(line, colors=True) if self._render else line
@@ -50,6 +51,22 @@ class LineTee:
                 # launch.log keeps every line; only the console copy stops.
                 self._console = None
 
+    def _write_file(self, line: str) -> None:
+        if self._file_error is not None:
+            return
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            # A full disk (ENOSPC) or a failing one: the console keeps every line, the exit
+            # code stays the run's; say once what launch.log is missing from here on.
+            self._file_error = f"{type(exc).__name__}: {exc}"
+            if self._console is not None:
+                self._console.write(
+                    f"ups launch: cannot write {self.path} ({self._file_error}); "
+                    "the rest of this run's output goes to the console only\n"
+                )
+
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
@@ -58,13 +75,15 @@ class LineTee:
         return len(text)
 
     def flush(self) -> None:
-        self._file.flush()
+        with contextlib.suppress(OSError):  # reported by _write_file
+            self._file.flush()
 
     def close(self) -> None:
         if self._partial:
             self.write_line(self._partial)
             self._partial = ""
-        self._file.close()
+        with contextlib.suppress(OSError):  # buffered bytes that no longer fit: reported
+            self._file.close()
 
     def __enter__(self) -> LineTee:
         return self
