@@ -19,7 +19,11 @@ from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
 from ups.distributed.agreement import stuck_ranks
 from ups.distributed.env import DistEnv
-from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+from ups.distributed.lifecycle import (
+    init_distributed,
+    set_collective_timeout,
+    shutdown_distributed,
+)
 from ups.fsio import atomic_write_text
 from ups.log import setup_logging
 from ups.model import LatentOperator, TaskShape, build_model
@@ -324,6 +328,11 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         model = trainer.model.module
         log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
         progress.enter("final_save")
+        # The other ranks wait in the barrier below while rank 0 writes: a preemption save
+        # may take the whole grace, longer than the tight collective timeout.
+        set_collective_timeout(
+            max(cfg.distributed.collective_timeout_s, cfg.distributed.stop_grace_s)
+        )
         checkpoint = trainer.save()
         dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
         if result == "preempted":
