@@ -123,8 +123,9 @@ def _explain_kill(
     if not killed or before is None or outcome.outcome != "failed":
         return outcome
     victim = next((f for f in killed if f.rank == outcome.failed_rank), killed[0])
+    pids = {f.pid for f in killed if f.pid is not None}
     memory = explain_sigkill(
-        before, snapshot(), result.peak_rss, victim.rank, kernel_log_oom_kills(set())
+        before, snapshot(), result.peak_rss, victim.rank, kernel_log_oom_kills(pids)
     )
     return dataclasses.replace(outcome, memory=memory, reason=f"{outcome.reason}; {memory['hint']}")
 

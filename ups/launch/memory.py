@@ -115,7 +115,7 @@ def explain_sigkill(
         oom = delta > 0
         evidence = f"{after.source} oom_kill {before.oom_kills} -> {after.oom_kills}"
     if kernel_log is not None and not oom:
-        oom = kernel_log or oom
+        oom = True if kernel_log else (oom if oom is not None else False)
         evidence += "; kernel log " + ("names the rank" if kernel_log else "has no OOM kill")
     limit = after.limit_bytes
     peaks = ", ".join(f"rank {r} {_gib(b)}" for r, b in sorted(peak_rss.items())) or "none"

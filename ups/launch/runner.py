@@ -42,6 +42,7 @@ class WorkerFailure:
     error_file: str | None
     message: str
     timestamp: int
+    pid: int | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,6 +102,7 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
             error_file=f["error_file"],
             message=f["message"],
             timestamp=f["timestamp"],
+            pid=f.get("pid"),
         )
         for rank, f in data.get("failures", {}).items()
     ]
@@ -188,6 +190,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     with _forward_signals(proc, state), RssSampler() as sampler:
         reader.start()
         rc = proc.wait()
+    if rc < 0:  # the child died by a signal before torchrun handled it (e.g. a SIGTERM
+        rc = 128 - rc  # as it started): report it the shell's way, 128 + signum
     sweep()
     reader.join()
     result = _read_result(result_path, rc)
