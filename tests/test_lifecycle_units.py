@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import fabfile
@@ -238,3 +239,21 @@ def test_launch_reports_a_full_disk_without_a_traceback(tmp_path: Path) -> None:
     assert "worker ran" in text
     assert "launch.log" in text and "No space left" in text
     assert "could not write outcome.json" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    """What a checkpoint saves of the CUDA generators (every local device) brings back the
+    same random numbers after resume, through the real save and weights_only load."""
+    from ups.train.checkpoint import latest_good_checkpoint, save_checkpoint
+    from ups.train.resume import restore_rng, rng_state
+
+    torch.cuda.manual_seed_all(7)
+    save_checkpoint(tmp_path, 1, rng_state(), keep_last=1)
+    expected = [torch.rand(4, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    hit = latest_good_checkpoint(tmp_path)
+    assert hit is not None
+    assert restore_rng(hit[1]) is None
+    again = [torch.rand(4, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
