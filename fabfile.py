@@ -13,6 +13,7 @@ from fabric import task
 from invoke.exceptions import Exit
 
 from ups.deploy import tasks
+from ups.grace import STOP_WAIT_S
 
 _HOST = {"host": "host name from configs/hosts.yaml", "hosts-file": "hosts file to read"}
 
@@ -95,7 +96,11 @@ def status(c: Any, host: str, run: str | None = None, hosts_file: str | None = N
     }
 )
 def stop(
-    c: Any, host: str, run: str | None = None, hosts_file: str | None = None, timeout: float = 180.0
+    c: Any,
+    host: str,
+    run: str | None = None,
+    hosts_file: str | None = None,
+    timeout: float = STOP_WAIT_S,
 ) -> None:
     """Stop gracefully: SIGTERM, wait for the preemption checkpoint and outcome.json."""
     _exit(lambda: tasks.stop(host, run, hosts_file=hosts_file, timeout=timeout))

@@ -198,12 +198,15 @@ def test_tee_writes_raw_lines_to_file_and_renders_for_terminals(tmp_path: Path) 
 
 
 def test_same_command_after_preemption_reuses_the_run_id(tmp_path: Path) -> None:
-    """When `latest` is a preempted run of the same name, planning the same command again
-    picks that run id (so it resumes); after a finished run it plans a new one."""
+    """When `latest` is a preempted run of the same name with a checkpoint, planning the
+    same command again picks that run id (so it resumes); after a finished run it plans a
+    new one."""
     out = tmp_path / "runs"
     first = _plan(tmp_path)
     run_dir = Path(first.run_dir)
     mark_latest(out, run_dir)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000004.pt").write_bytes(b"checkpoint")
     write_outcome(
         run_dir, Outcome(run_id=first.run_id, outcome="preempted", exit_code=75, reason="t")
     )

@@ -94,7 +94,7 @@ def test_segfault_is_named_with_its_signal(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stdout + proc.stderr
     run_dir = (out / "latest").resolve()
     outcome = outcome_of(run_dir)
-    assert (outcome["failed_rank"], outcome["signal"]) == (1, "SIGSEGV")
+    assert (outcome["failed_rank"], outcome["signal"]) == (1, "SIGSEGV"), outcome
     assert "rank 1 died with SIGSEGV" in outcome["reason"]
     log_text = (run_dir / "logs" / "launch.log").read_text()
     assert "Fatal Python error: Segmentation fault" in log_text

@@ -17,15 +17,24 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "traceback": "runs/<id>/logs/rank1.jsonl",   # where to look, or null
       "checkpoint": "runs/<id>/checkpoints/step_000400.pt",  # newest good one, or null
       "metrics": {"eval/advection/rel_l2": 0.05, ...},
-      "time": "2026-11-22T00:15:00Z"
+      "time": "2026-11-22T00:15:00Z",
+      "cause": "rank_signal",          # key into ups.retry.RETRY_TABLE, or null
+      "phase": "training",             # preflight, torchrun_start, data_check, init,
+                                       # training, evaluation, final_save; or null
+      "restarts": 1,                   # in-place restarts (--max-restarts) used
+      "attempts": [{...}, ...],        # one entry per torchrun attempt of this launch
+      "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
+      "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}}
     }
+
+Fields after ``time`` were added later; readers must accept their absence (older files).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -58,6 +67,16 @@ class Outcome:
     metrics: dict[str, float] = field(default_factory=dict)
     time: str = field(default_factory=lambda: dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     schema_version: int = 1
+    cause: str | None = None
+    """Why it ended, as a key of :data:`ups.retry.RETRY_TABLE` (decides whether to resume)."""
+    phase: str | None = None
+    """What the run was doing when it ended: preflight, torchrun_start, data_check, init,
+    training, evaluation, final_save."""
+    restarts: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    """When a rank died by SIGKILL: the OOM killer's verdict, the memory limit, peak RSS."""
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -71,10 +90,14 @@ def write_outcome(run_dir: Path, outcome: Outcome) -> Path:
 
 
 def read_outcome(run_dir: Path) -> Outcome | None:
-    """Return the run's outcome, or None when it has not ended (or never wrote one)."""
+    """Return the run's outcome, or None when it has not ended (or never wrote a whole one)."""
     path = run_dir / OUTCOME_FILE
     try:
         data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
+        # Never written, or cut short (the disk filled up): either way the run did not end
+        # cleanly, which is how callers must treat it.
         return None
-    return Outcome(**data)
+    known = {f.name for f in fields(Outcome)}
+    # A newer ups may have added fields: keep what this version knows.
+    return Outcome(**{k: v for k, v in data.items() if k in known})

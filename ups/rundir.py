@@ -1,41 +1,118 @@
-"""Where a run lives on disk, and which run a command continues."""
+"""Where a run lives on disk, and which run a command continues.
+
+"Run the same command again" continues the latest run of that name whenever it did not
+finish, its way of ending is retryable (``ups.retry``: preempted, a killed or crashed
+rank, a hang, no outcome at all) and it has a checkpoint to resume from. A run whose
+``ups launch`` is still alive is never joined.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from ups.fsio import atomic_symlink
+import psutil
+
+from ups.fsio import atomic_symlink, atomic_write_text
 from ups.outcome import read_outcome
+from ups.retry import retry_verdict
 from ups.runid import new_run_id
 
 LATEST = "latest"
+LAUNCH_PID = "launch.pid"
+_CHECKPOINT_GLOB = "checkpoints/step_*.pt"
 
 
-def resumable_latest(output_dir: Path, name: str) -> str | None:
-    """The run id behind ``<output_dir>/latest`` when that run was preempted and has this name.
+@dataclass(frozen=True, slots=True)
+class Resume:
+    run_id: str
+    step: int
+    checkpoint: str
+    why: str
+    """How the run ended, in words (from the retry table)."""
 
-    This is what makes "run the same command again" continue a preempted run.
-    """
-    link = output_dir / LATEST
+
+@dataclass(frozen=True, slots=True)
+class RunChoice:
+    run_id: str
+    resume: Resume | None = None
+    note: str | None = None
+    """Why the latest run was not continued, when there was one of this name."""
+
+
+def _newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    found = sorted(
+        (int(p.stem.removeprefix("step_")), p)
+        for p in run_dir.glob(_CHECKPOINT_GLOB)
+        if p.stem.removeprefix("step_").isdigit()
+    )
+    return found[-1] if found else None
+
+
+def launch_alive(run_dir: Path) -> bool:
+    """True when the ``ups launch`` that wrote ``launch.pid`` is still running."""
     try:
-        target = link.resolve(strict=True)
+        data = json.loads((run_dir / LAUNCH_PID).read_text())
+        proc = psutil.Process(int(data["pid"]))
+        return abs(proc.create_time() - float(data["create_time"])) < 1.0
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return False
+
+
+def record_launch(run_dir: Path) -> None:
+    """Say that this process runs ``run_dir`` now (pid and start time, so a reused pid
+    is not mistaken for it)."""
+    me = psutil.Process()
+    atomic_write_text(
+        run_dir / LAUNCH_PID, json.dumps({"pid": me.pid, "create_time": me.create_time()}) + "\n"
+    )
+
+
+def _latest_of(output_dir: Path, name: str) -> Path | None:
+    try:
+        target = (output_dir / LATEST).resolve(strict=True)
     except (FileNotFoundError, RuntimeError):
         return None
+    return target if target.name.startswith(name) else None
+
+
+def resumable(output_dir: Path, name: str) -> tuple[Resume | None, str | None]:
+    """The latest run of ``name`` when it can be continued; else None and why not."""
+    target = _latest_of(output_dir, name)
+    if target is None:
+        return None, None
     outcome = read_outcome(target)
-    if outcome is None or outcome.outcome != "preempted" or not target.name.startswith(name):
-        return None
-    return target.name
+    retryable, why = retry_verdict(outcome)
+    if not retryable:
+        return None, f"latest run {target.name} is not resumed: {why}"
+    if launch_alive(target):
+        return None, f"latest run {target.name} is still running (its ups launch is alive)"
+    newest = _newest_checkpoint(target)
+    if newest is None:
+        return None, f"latest run {target.name} did not finish ({why}) but has no checkpoint"
+    step, path = newest
+    return Resume(run_id=target.name, step=step, checkpoint=str(path), why=why), None
+
+
+def choose_run(
+    output_dir: Path, name: str, explicit: str | None = None, *, fresh: bool = False
+) -> RunChoice:
+    """An explicit id as given; else the resumable latest run (unless ``fresh``); else new."""
+    if explicit:
+        return RunChoice(explicit)
+    if fresh:
+        return RunChoice(new_run_id(name), note="--fresh: a new run")
+    resume, note = resumable(output_dir, name)
+    if resume is not None:
+        return RunChoice(resume.run_id, resume=resume)
+    return RunChoice(new_run_id(name), note=note)
 
 
 def resolve_run_id(output_dir: Path, name: str, explicit: str | None = None) -> str:
-    """Explicit id (config or ``--run-id``) > ``$UPS_RUN_ID`` > preempted latest > a new id."""
-    return (
-        explicit
-        or os.environ.get("UPS_RUN_ID")
-        or resumable_latest(output_dir, name)
-        or new_run_id(name)
-    )
+    """Explicit id (config or ``--run-id``) > ``$UPS_RUN_ID`` > resumable latest > a new id."""
+    return choose_run(output_dir, name, explicit or os.environ.get("UPS_RUN_ID")).run_id
 
 
 def mark_latest(output_dir: Path, run_dir: Path) -> None:

@@ -1,12 +1,16 @@
 """``ups launch``: preflight, then torchrun; the one way to start training anywhere.
 
     ups launch CONFIG [--set k=v ...] [--nproc-per-node N] [--nnodes N --node-rank R
-               --rdzv-endpoint HOST:PORT] [--run-id ID] [--skip-preflight] [--dry-run]
+               --rdzv-endpoint HOST:PORT] [--run-id ID | --fresh] [--max-restarts N]
+               [--allow-resume-change world_size,...] [--skip-preflight] [--dry-run]
                [--log-format {auto,console,json}]
     ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
 
+Running the same command again continues the latest run of that name when it ended
+unfinished for a retryable reason (``ups.retry``); ``--fresh`` starts a new run.
+
 Exit code: the run's (0 finished, 75 preempted, torchrun's code on failure); 2 for a
-bad config or bad flags, reported before anything starts.
+bad config or bad flags (reported before anything starts) or a refused resume.
 """
 
 from __future__ import annotations
@@ -34,7 +38,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address (multi-node)")
     p.add_argument(
         "--run-id",
-        help="default: run.run_id, $UPS_RUN_ID, the preempted run behind latest, else new",
+        help="default: run.run_id, $UPS_RUN_ID, the unfinished run behind latest, else new",
+    )
+    p.add_argument(
+        "--fresh", action="store_true", help="start a new run even if the latest can resume"
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="restart torchrun in place up to N times after a retryable failure "
+        "(default: distributed.max_restarts)",
+    )
+    p.add_argument(
+        "--allow-resume-change",
+        metavar="WHAT[,WHAT]",
+        help="resume although these differ from the checkpoint: world_size, batch, config, "
+        "torch, data (world_size/batch remap the data position)",
     )
     p.add_argument("--output-dir", help="default: run.output_dir from the config, else runs")
     p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
@@ -73,6 +93,10 @@ def main(argv: list[str]) -> int:
     if args.config and args.output_dir:
         # One place decides where the run lives: the config, which the trainer reads too.
         args.overrides.append(f"run.output_dir={args.output_dir}")
+    if args.allow_resume_change:
+        # A config field, so the trainer gets it and each attempt's config records it.
+        allowed = [w.strip() for w in args.allow_resume_change.split(",") if w.strip()]
+        args.overrides.append(f"checkpoint.allow_resume_change=[{','.join(allowed)}]")
     try:
         req = LaunchRequest(
             config_path=args.config,
@@ -89,6 +113,8 @@ def main(argv: list[str]) -> int:
             skip_preflight=args.skip_preflight,
             preflight_strict=args.preflight_strict,
             preflight_skip=args.preflight_skip,
+            fresh=args.fresh,
+            max_restarts=args.max_restarts,
         )
         # Missing data files are preflight's to report in detail; without it, fail here.
         cfg: Config | None = None

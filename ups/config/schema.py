@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ups.grace import DEFAULT_STOP_GRACE_S
+
 FilePath = Annotated[Path, Field(strict=False)]
 """A path; YAML gives strings, so this one field type is read leniently."""
 
@@ -126,6 +128,20 @@ class DistributedConfig(_Strict):
     """Preferred master port; ``ups launch`` picks a free one when it is taken."""
     nproc_per_node: int | None = Field(None, ge=1)
     """Workers per node; default: one per visible GPU, or 2 on a CPU-only host."""
+    stop_grace_s: float = Field(float(DEFAULT_STOP_GRACE_S), gt=0.0)
+    """Seconds the workers get after SIGTERM to stop at a step and write the checkpoint,
+    before torchrun SIGKILLs them (its ``--shutdown-timeout``). The container's
+    ``stop_grace_period`` and ``fab stop``'s wait are derived from the default
+    (``ups.launch.grace``); raise them with it."""
+    max_restarts: int = Field(0, ge=0)
+    """In-place restarts of torchrun from the last checkpoint after a retryable failure
+    (``ups.retry``); ``--max-restarts`` overrides."""
+    restart_backoff_s: float = Field(10.0, ge=0.0)
+    """Wait before the first in-place restart; doubled for each next one (at most 300 s)."""
+
+
+ResumeChange = Literal["world_size", "batch", "config", "torch", "data"]
+"""Groups of facts a checkpoint records (see ``ups.train.resume``)."""
 
 
 class CheckpointConfig(_Strict):
@@ -135,6 +151,9 @@ class CheckpointConfig(_Strict):
     """Checkpoints kept in the run directory; older ones are deleted."""
     resume: bool = True
     """Resume from the newest good checkpoint in the run directory when one exists."""
+    allow_resume_change: list[ResumeChange] = Field(default_factory=list)
+    """What a resume may change from the checkpoint's run (``--allow-resume-change``);
+    anything else that differs is refused. ``world_size``/``batch`` remap the data position."""
 
 
 class CacheConfig(_Strict):
@@ -160,7 +179,10 @@ class PreflightConfig(_Strict):
     """All-reduce bus-bandwidth floor for ``ups-preflight``; default: its per-GPU-model table."""
 
 
-FaultKind = Literal["oom", "exception", "segfault", "hang", "sigterm"]
+FaultKind = Literal["oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save"]
+"""``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would).
+``slow_save`` makes every checkpoint write from that step on take 35 s longer (more
+than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk."""
 
 
 class FaultConfig(_Strict):

@@ -27,6 +27,7 @@ from ups.deploy.hosts import HostSpec
 from ups.deploy.plan import DeployPlan, script_for
 from ups.deploy.progress import Progress
 from ups.deploy.stream import LogFollower
+from ups.grace import STOP_WAIT_S
 from ups.log import render_line
 from ups.outcome import Outcome
 
@@ -303,7 +304,7 @@ def status(target: Target, run_id: str | None) -> int:
     return 0
 
 
-def stop(target: Target, run_id: str | None, timeout_s: float = 180.0) -> int:
+def stop(target: Target, run_id: str | None, timeout_s: float = STOP_WAIT_S) -> int:
     """SIGTERM the launcher and wait for the preemption checkpoint and outcome."""
     conn = target.connect()
     try:

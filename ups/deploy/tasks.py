@@ -13,6 +13,7 @@ from ups.deploy import execute
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import get_host
 from ups.deploy.plan import build_plan
+from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
 
 
@@ -136,7 +137,7 @@ def stop(
     run: str | None = None,
     *,
     hosts_file: str | None = None,
-    timeout: float = 180.0,
+    timeout: float = STOP_WAIT_S,
     out: TextIO = sys.stdout,
 ) -> int:
     return execute.stop(_target(host, hosts_file, out), run, timeout)

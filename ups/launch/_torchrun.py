@@ -62,8 +62,11 @@ def _failures(err: ChildFailedError) -> dict[str, dict[str, Any]]:
 
 
 def _write(path: Path, result: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, jsonio.dumps(result, indent=2, sort_keys=True) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, jsonio.dumps(result, indent=2, sort_keys=True) + "\n")
+    except OSError as exc:  # a full disk: launch reports the missing file, with this line
+        print(f"ups launch: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str]) -> int:

@@ -1,27 +1,43 @@
-"""Carry out a :class:`LaunchPlan`: run dir, preflight gate, torchrun, outcome, exit code."""
+"""Carry out a :class:`LaunchPlan`: run dir, preflight gate, torchrun attempts, outcome, exit code.
+
+Whatever happens, every process the run started ends with ``ups launch``: launch is a
+child subreaper and sweeps its descendants on the way out (``ups.launch.procs``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import signal
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 import structlog
 
 from ups.config import Config
-from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
+from ups.launch.finalize import (
+    exit_code,
+    finalize_outcome,
+    save_outcome,
+    set_aside_previous_outcome,
+)
+from ups.launch.memory import snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import handling_stop_signals, run_torchrun
+from ups.launch.procs import become_subreaper, sweep
+from ups.launch.runner import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.launch.tee import LineTee
 from ups.log import get_logger, setup_logging
-from ups.outcome import EXIT_FAILED, Outcome, write_outcome
-from ups.rundir import mark_latest
+from ups.outcome import EXIT_FAILED, Outcome
+from ups.retry import retry_verdict
+from ups.rundir import mark_latest, record_launch
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
+MAX_BACKOFF_S = 300.0
 
 
 def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
@@ -33,22 +49,32 @@ def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
 
 def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
     """The last line launch prints: how the run ended, from outcome.json."""
-    extra = {}
+    extra: dict[str, Any] = {}
     if outcome.outcome == "finished" and code == 0:
         level = log.info
-    elif outcome.outcome == "preempted":
-        level = log.warning
-        extra["resume"] = f"run the same command again (or add --run-id {plan.run_id})"
     else:
-        level = log.error
+        level = log.warning if outcome.outcome == "preempted" else log.error
+        retryable, _ = retry_verdict(outcome)
+        if retryable and outcome.outcome != "finished":
+            extra["resume"] = "run the same command again to continue from the last checkpoint"
     level(
         f"run {outcome.outcome}",
         outcome=outcome.outcome,
         reason=outcome.reason,
+        cause=outcome.cause,
+        phase=outcome.phase,
         run_dir=plan.run_dir,
         exit_code=code,
         **extra,
     )
+
+
+def _try(what: str, action: Callable[[], object], console: TextIO) -> None:
+    """Launch's own bookkeeping files: a full disk is reported, never a traceback."""
+    try:
+        action()
+    except OSError as exc:
+        console.write(f"ups launch: could not {what}: {type(exc).__name__}: {exc}\n")
 
 
 def execute(
@@ -64,15 +90,27 @@ def execute(
     ``render``: show the output for people (progress line, tables) instead of raw lines;
     default: when the console is a terminal. launch.log gets the raw lines either way.
     """
+    out = console or sys.stdout
     run_dir = Path(plan.run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    set_aside_previous_outcome(run_dir)
-    mark_latest(Path(plan.output_dir), run_dir)
-    with LineTee(Path(plan.log_path), console or sys.stdout, render=render) as tee:
+    become_subreaper()
+    _try(
+        "create the run directory",
+        lambda: (run_dir / "logs").mkdir(parents=True, exist_ok=True),
+        out,
+    )
+    _try("set aside the previous outcome", lambda: set_aside_previous_outcome(run_dir), out)
+    _try("update latest", lambda: mark_latest(Path(plan.output_dir), run_dir), out)
+    _try("write launch.pid", lambda: record_launch(run_dir), out)
+    with LineTee(Path(plan.log_path), out, render=render) as tee:
         _setup_logging(plan, tee)
         try:
-            return _gate_and_run(plan, cfg, gpu_count, tee)
+            with _stop_on_signals():  # between the phases that handle signals themselves
+                return _gate_and_run(plan, cfg, gpu_count, tee)
+        except _Stopped as stop:
+            reason = f"ups launch was stopped by {stop} while it wrapped up the run"
+            return _fail(plan, reason, 128 + stop.signum, cause="stopped", phase="launch")
         finally:
+            sweep()  # the preflight workers or ranks a signal or an error left behind
             structlog.reset_defaults()  # the tee closes with this block
 
 
@@ -84,7 +122,7 @@ class _Stopped(Exception):
 
 @contextmanager
 def _stop_on_signals() -> Iterator[None]:
-    """Before torchrun starts, SIGTERM/SIGINT/SIGHUP end launch cleanly (with an outcome)."""
+    """Outside torchrun, SIGTERM/SIGINT/SIGHUP end launch cleanly (with an outcome)."""
 
     def handler(signum: int, _frame: FrameType | None) -> None:
         raise _Stopped(signum)
@@ -93,7 +131,9 @@ def _stop_on_signals() -> Iterator[None]:
         yield
 
 
-def _fail(plan: LaunchPlan, reason: str, code: int, sig: str | None = None) -> int:
+def _fail(
+    plan: LaunchPlan, reason: str, code: int, *, cause: str, phase: str, sig: str | None = None
+) -> int:
     outcome = Outcome(
         run_id=plan.run_id,
         outcome="failed",
@@ -102,13 +142,15 @@ def _fail(plan: LaunchPlan, reason: str, code: int, sig: str | None = None) -> i
         world_size=plan.world_size,
         signal=sig,
         traceback=plan.log_path,
+        cause=cause,
+        phase=phase,
     )
-    write_outcome(Path(plan.run_dir), outcome)
+    save_outcome(Path(plan.run_dir), outcome)
     _report_end(outcome, plan, code)
     return code
 
 
-def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
+def _announce(plan: LaunchPlan) -> None:
     log.info(
         "launch plan",
         run_id=plan.run_id,
@@ -117,25 +159,107 @@ def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: Lin
         nproc_per_node=plan.nproc_per_node,
         nnodes=plan.nnodes,
         rdzv_endpoint=plan.rdzv_endpoint,
+        stop_grace_s=plan.stop_grace_s,
+        max_restarts=plan.max_restarts,
     )
+    if plan.resume is not None:
+        r = plan.resume
+        log.warning(
+            f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished ({r['why']})",
+            run_id=r["run_id"],
+            step=r["step"],
+            why=r["why"],
+            checkpoint=r["checkpoint"],
+            fresh_instead="add --fresh to start a new run",
+        )
+    elif plan.resume_note:
+        log.info(f"new run {plan.run_id}: {plan.resume_note}")
     if plan.port_note:
         log.warning("master port switched", note=plan.port_note, port=plan.master_port)
+
+
+def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
+    _announce(plan)
     try:
         with _stop_on_signals():
             failed = _preflight(plan, cfg, gpu_count, tee)
     except _Stopped as stop:
         reason = f"ups launch was stopped by {stop} during preflight; torchrun never started"
-        return _fail(plan, reason, 128 + stop.signum, str(stop))
+        return _fail(
+            plan, reason, 128 + stop.signum, cause="stopped", phase="preflight", sig=str(stop)
+        )
     if failed is not None:
-        return _fail(plan, "preflight failed: " + ", ".join(failed), EXIT_FAILED)
-    try:
-        result = run_torchrun(plan, tee)
-    except Exception as exc:
-        _fail(plan, f"ups launch could not run torchrun: {type(exc).__name__}: {exc}", 1)
-        raise
-    outcome = finalize_outcome(plan, result)
-    code = exit_code(outcome, result.rc)
-    _report_end(outcome, plan, code)
+        reason = "preflight failed: " + ", ".join(failed)
+        return _fail(plan, reason, EXIT_FAILED, cause="preflight", phase="preflight")
+    return _attempts(plan, tee)
+
+
+def _attempt_record(n: int, started: str, outcome: Outcome) -> dict[str, Any]:
+    return {
+        "attempt": n,
+        "started": started,
+        "ended": outcome.time,
+        "outcome": outcome.outcome,
+        "exit_code": outcome.exit_code,
+        "cause": outcome.cause,
+        "step": outcome.step,
+        "reason": outcome.reason,
+        "memory": outcome.memory,
+    }
+
+
+def _restart_delay(
+    plan: LaunchPlan, outcome: Outcome, result: TorchrunResult, used: int
+) -> float | None:
+    """Seconds to wait before an in-place restart, or None when there is none to make."""
+    retryable, _ = retry_verdict(outcome)
+    if outcome.outcome != "failed" or not retryable or outcome.cause == "stopped":
+        return None
+    if result.received_signal is not None or used >= plan.max_restarts:
+        return None
+    return float(min(plan.restart_backoff_s * 2**used, MAX_BACKOFF_S))
+
+
+def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
+    """torchrun, then again from the last checkpoint while the budget and the cause allow."""
+    records: list[dict[str, Any]] = []
+    while True:
+        started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        before = snapshot()
+        try:
+            result = run_torchrun(plan, tee, attempt=len(records) + 1)
+        except Exception as exc:
+            reason = f"ups launch could not run torchrun: {type(exc).__name__}: {exc}"
+            _fail(plan, reason, 1, cause="launch_error", phase="torchrun_start")
+            raise
+        outcome = finalize_outcome(plan, result, before)
+        records.append(_attempt_record(len(records) + 1, started, outcome))
+        delay = _restart_delay(plan, outcome, result, len(records) - 1)
+        if delay is None:
+            break
+        log.warning(
+            f"attempt {len(records)} failed ({outcome.cause}); restarting torchrun from the "
+            f"last checkpoint in {delay:g} s (restart {len(records)} of {plan.max_restarts})",
+            reason=outcome.reason,
+        )
+        try:
+            with _stop_on_signals():
+                time.sleep(delay)  # backoff; a stop signal here ends the run instead
+        except _Stopped as stop:
+            outcome = dataclasses.replace(
+                outcome,
+                reason=f"{outcome.reason}; ups launch was stopped by {stop} before restarting",
+                cause="stopped",
+                signal=str(stop),
+                exit_code=128 + stop.signum,
+            )
+            result.rc = outcome.exit_code
+            break
+        set_aside_previous_outcome(Path(plan.run_dir))
+    final = dataclasses.replace(outcome, restarts=len(records) - 1, attempts=records)
+    save_outcome(Path(plan.run_dir), final)
+    code = exit_code(final, result.rc)
+    _report_end(final, plan, code)
     return code
 
 

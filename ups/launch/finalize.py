@@ -12,9 +12,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
 from ups.launch.runner import TorchrunResult, WorkerFailure
-from ups.outcome import OUTCOME_FILE, Outcome, read_outcome, write_outcome
+from ups.log import get_logger
+from ups.outcome import EXIT_CONFIG, OUTCOME_FILE, Outcome, read_outcome, write_outcome
+
+log = get_logger("ups.launch")
 
 PREVIOUS_OUTCOME = "outcome.previous.json"
 
@@ -48,43 +52,89 @@ def _describe(failure: WorkerFailure) -> str:
     return f"rank {failure.rank} exited with code {failure.exitcode}{detail}"
 
 
-def _outcome(plan: LaunchPlan, **fields: Any) -> Outcome:
-    return Outcome(run_id=plan.run_id, world_size=plan.world_size, **fields)
+def _outcome(plan: LaunchPlan, result: TorchrunResult, **fields: Any) -> Outcome:
+    return Outcome(run_id=plan.run_id, world_size=plan.world_size, phase=result.phase, **fields)
 
 
 def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     """The outcome as torchrun saw the run, for when the trainer left none."""
     if result.rc == 0:
         reason = f"all {plan.nproc_per_node} worker(s) on node {plan.node_rank} exited 0"
-        return _outcome(plan, outcome="finished", exit_code=0, reason=reason)
+        return _outcome(plan, result, outcome="finished", exit_code=0, reason=reason)
     cause = result.root_cause()
     if cause is not None:
         return _outcome(
             plan,
+            result,
             outcome="failed",
             exit_code=result.rc,
             reason=_describe(cause),
             failed_rank=cause.rank,
             signal=cause.signal,
             traceback=_traceback_location(plan, cause),
+            cause="rank_signal" if cause.signal else "exception",
         )
     if result.status == "signal" or result.received_signal:
         sig = result.signal or result.received_signal
         reason = f"ups launch was stopped by {sig} before the workers finished"
-        return _outcome(plan, outcome="failed", exit_code=result.rc, reason=reason, signal=sig)
+        return _outcome(
+            plan, result, outcome="failed", exit_code=result.rc, reason=reason, signal=sig,
+            cause="stopped",
+        )  # fmt: skip
     reason = f"torchrun failed: {result.error or f'exit code {result.rc}'}"
     return _outcome(
-        plan, outcome="failed", exit_code=result.rc, reason=reason, traceback=plan.log_path
-    )
+        plan, result, outcome="failed", exit_code=result.rc, reason=reason,
+        traceback=plan.log_path, cause="launch_error",
+    )  # fmt: skip
 
 
-def finalize_outcome(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
+def finalize_outcome(
+    plan: LaunchPlan, result: TorchrunResult, memory_before: MemorySnapshot | None = None
+) -> Outcome:
     """Read the trainer's outcome, write or amend it from torchrun's result, return it."""
+    final = _explain_kill(_decide(plan, result), result, memory_before)
+    save_outcome(Path(plan.run_dir), final)
+    return final
+
+
+def save_outcome(run_dir: Path, outcome: Outcome) -> bool:
+    """Write outcome.json; on a full or failing disk say so and go on (the exit code and
+    the console's last line still tell how the run ended)."""
+    try:
+        write_outcome(run_dir, outcome)
+        return True
+    except OSError as exc:
+        log.error(
+            "could not write outcome.json",
+            path=str(run_dir / OUTCOME_FILE),
+            error=f"{type(exc).__name__}: {exc}",
+            fix="free space on that filesystem; the outcome is in this line and the exit code",
+            outcome=outcome.outcome,
+            reason=outcome.reason,
+        )
+        return False
+
+
+def _explain_kill(
+    outcome: Outcome, result: TorchrunResult, before: MemorySnapshot | None
+) -> Outcome:
+    """A rank died by SIGKILL: say whether the OOM killer did it, the limit, the peaks."""
+    killed = [f for f in result.failures if f.signal == "SIGKILL"]
+    if not killed or before is None or outcome.outcome != "failed":
+        return outcome
+    victim = next((f for f in killed if f.rank == outcome.failed_rank), killed[0])
+    pids = {f.pid for f in killed if f.pid is not None}
+    memory = explain_sigkill(
+        before, snapshot(), result.peak_rss, victim.rank, kernel_log_oom_kills(pids)
+    )
+    return dataclasses.replace(outcome, memory=memory, reason=f"{outcome.reason}; {memory['hint']}")
+
+
+def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     run_dir = Path(plan.run_dir)
     written = read_outcome(run_dir)
     seen = _from_torchrun(plan, result)
     if written is None:
-        write_outcome(run_dir, seen)
         return seen
     final = written
     cause = result.root_cause()
@@ -100,8 +150,6 @@ def finalize_outcome(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         )
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
-    if final is not written:
-        write_outcome(run_dir, final)
     return final
 
 
@@ -115,11 +163,19 @@ def _amend_failed(
     rank = cause.rank if written.failed_rank is None else written.failed_rank
     failure = result.failure_of(rank) or cause
     changes: dict[str, Any] = {}
+    if written.exit_code == EXIT_CONFIG:
+        return written  # every rank refused together (e.g. a resume mismatch): nothing to add
     if written.failed_rank is None:
         changes["failed_rank"] = failure.rank
     if written.signal is None and failure.signal:
         changes["signal"] = failure.signal
         changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
+    if written.cause == "peer_died":
+        # The survivor saw only a broken connection; torchrun saw how the peer ended.
+        if failure.signal:
+            changes["cause"] = "rank_signal"
+        elif failure.rank != 0:
+            changes["cause"] = "exception"
     if written.traceback is None:
         changes["traceback"] = _traceback_location(plan, failure)
     return dataclasses.replace(written, **changes) if changes else written
@@ -128,7 +184,7 @@ def _amend_failed(
 def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
     """torchrun's exit code unchanged, except: preempted -> its code (75), and a run whose
     outcome is not "finished" never exits 0."""
-    if outcome.outcome == "preempted":
+    if outcome.outcome == "preempted" or outcome.exit_code == EXIT_CONFIG:
         return outcome.exit_code
     if torchrun_rc != 0:
         return torchrun_rc

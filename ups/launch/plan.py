@@ -11,10 +11,13 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ups import jsonio
 from ups.config import Config
-from ups.rundir import resolve_run_id
+from ups.config.schema import DistributedConfig
+from ups.grace import shutdown_timeout_s
+from ups.rundir import RunChoice, choose_run
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -46,6 +49,10 @@ class LaunchRequest:
     preflight_strict: bool = False
     preflight_skip: list[str] = field(default_factory=list)
     """Preflight checks (or groups) to leave out, e.g. ``allreduce`` on a quick relaunch."""
+    fresh: bool = False
+    """Start a new run even when the latest one of this name can be resumed."""
+    max_restarts: int | None = None
+    """In-place restarts after a retryable failure; default ``distributed.max_restarts``."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -67,6 +74,10 @@ class LaunchRequest:
                 split_endpoint(self.rdzv_endpoint)
             except ValueError as exc:
                 problems.append(str(exc))
+        if self.fresh and self.run_id is not None:
+            problems.append("--fresh starts a new run id; it cannot be combined with --run-id")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            problems.append(f"--max-restarts must be at least 0 (got {self.max_restarts})")
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
         if problems:
@@ -109,6 +120,14 @@ class LaunchPlan:
     log_path: str
     result_path: str
     """Where the torchrun child writes its small JSON result (failures by rank)."""
+    stop_grace_s: int
+    """torchrun's ``--shutdown-timeout``: the workers' time to save after SIGTERM."""
+    max_restarts: int
+    restart_backoff_s: float
+    resume: dict[str, Any] | None
+    """The unfinished run this launch continues (run_id, step, checkpoint, why), if any."""
+    resume_note: str | None
+    """Why the latest run of this name is not continued, when it is not."""
 
     @property
     def multi_node(self) -> bool:
@@ -128,9 +147,9 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
 
 def _resolve_run_id(
     req: LaunchRequest, cfg: Config | None, output_dir: Path, environ: Mapping[str, str]
-) -> str:
-    """``--run-id`` > ``run.run_id`` > ``$UPS_RUN_ID`` > the preempted run behind ``latest``
-    (so running the same command again resumes it) > a new ``<name>-<time>-<hex>``."""
+) -> RunChoice:
+    """``--run-id`` > ``run.run_id`` > ``$UPS_RUN_ID`` > the unfinished run behind ``latest``
+    (so running the same command again resumes it; not with ``--fresh``) > a new id."""
     fixed = req.run_id or (cfg.run.run_id if cfg else None) or environ.get("UPS_RUN_ID")
     if not fixed and req.nnodes > 1:
         raise ValueError(
@@ -138,7 +157,7 @@ def _resolve_run_id(
             "pass --run-id ID (or set run.run_id / UPS_RUN_ID) on each node"
         )
     name = cfg.run.name if cfg else Path(req.script or "run").stem
-    return resolve_run_id(output_dir, name, fixed)
+    return choose_run(output_dir, name, fixed, fresh=req.fresh)
 
 
 def _resolve_nproc(req: LaunchRequest, cfg: Config | None, gpu_count: int) -> tuple[int, str]:
@@ -183,7 +202,8 @@ def build_plan(
     """
     environ = os.environ if environ is None else environ
     output_dir = Path(req.output_dir or (cfg.run.output_dir if cfg else "runs"))
-    run_id = _resolve_run_id(req, cfg, output_dir, environ)
+    choice = _resolve_run_id(req, cfg, output_dir, environ)
+    run_id = choice.run_id
     run_dir = output_dir / run_id
     nproc, nproc_source = _resolve_nproc(req, cfg, gpu_count)
 
@@ -204,6 +224,8 @@ def build_plan(
 
     worker_argv = _worker_argv(req, run_id)
     rdzv_timeout = int(cfg.distributed.init_timeout_s) if cfg else DEFAULT_RDZV_TIMEOUT_S
+    dcfg = cfg.distributed if cfg else DistributedConfig()
+    grace = shutdown_timeout_s(dcfg.stop_grace_s)
     # Static rendezvous: node N is group rank N and global ranks follow node order, so
     # rank 0 (outcome.json, W&B) is always on node 0, and MASTER_PORT is exactly the port
     # checked above. (c10d rendezvous orders nodes by address and pid, and gives workers
@@ -218,7 +240,11 @@ def build_plan(
         # A node whose peers never come fails after this instead of waiting torch's 600 s.
         f"--rdzv-conf=timeout={rdzv_timeout}",
         f"--log-dir={run_dir / 'torchelastic'}",
+        # In-place restarts are launch's (--max-restarts): it reads the outcome between
+        # attempts and restarts only for retryable causes (ups.retry).
         "--max-restarts=0",
+        # SIGTERM -> the workers get this long to stop at a step and save (ups.grace).
+        f"--shutdown-timeout={grace}",
         *worker_argv,
     ]
     return LaunchPlan(
@@ -246,6 +272,11 @@ def build_plan(
         preflight_skip=list(req.preflight_skip),
         log_path=str(run_dir / "logs" / "launch.log"),
         result_path=str(run_dir / "torchelastic" / f"node{req.node_rank}-result.json"),
+        stop_grace_s=grace,
+        max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
+        restart_backoff_s=dcfg.restart_backoff_s,
+        resume=asdict(choice.resume) if choice.resume else None,
+        resume_note=choice.note,
     )
 
 

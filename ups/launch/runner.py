@@ -14,14 +14,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from ups.launch.plan import LaunchPlan
+from ups.launch.procs import RssSampler, sweep
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -40,6 +42,7 @@ class WorkerFailure:
     error_file: str | None
     message: str
     timestamp: int
+    pid: int | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -53,6 +56,10 @@ class TorchrunResult:
     error: str | None = None
     received_signal: str | None = None
     """The signal ``ups launch`` received and forwarded, if any."""
+    phase: str = "torchrun_start"
+    """The last phase a worker announced (``phase`` events), or torchrun_start."""
+    peak_rss: dict[int, int] = field(default_factory=dict)
+    """Sampled peak resident memory per rank, in bytes."""
 
     def failure_of(self, rank: int) -> WorkerFailure | None:
         return next((f for f in self.failures if f.rank == rank), None)
@@ -95,6 +102,7 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
             error_file=f["error_file"],
             message=f["message"],
             timestamp=f["timestamp"],
+            pid=f.get("pid"),
         )
         for rank, f in data.get("failures", {}).items()
     ]
@@ -127,8 +135,8 @@ def handling_stop_signals(
 def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
 
-    Only the first signal is forwarded: torchrun is then already giving the workers
-    their grace period (30 s) before SIGKILL, and a second signal would interrupt it.
+    Only the first signal is forwarded: torchrun is then already giving the workers their
+    grace period (``--shutdown-timeout``) before SIGKILL; a second signal would cut it short.
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -145,14 +153,28 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
         yield
 
 
-def run_torchrun(plan: LaunchPlan, tee: LineTee) -> TorchrunResult:
-    """Start torchrun for ``plan``, tee its output line by line, return how it ended."""
+def _follow(stdout: IO[bytes], tee: LineTee, state: dict[str, str]) -> None:
+    """Tee every line; remember the workers' latest ``phase`` event for the outcome."""
+    for raw in stdout:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        tee.write_line(line)
+        if '"phase"' in line:
+            with suppress(ValueError, KeyError, TypeError):
+                state["phase"] = str(json.loads(line)["phase"])
+
+
+def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunResult:
+    """Start torchrun for ``plan``, tee its output line by line, return how it ended.
+
+    Anything torchrun leaves behind (a worker it failed to kill) is swept before this
+    returns, so the pipe always closes and no rank outlives the attempt.
+    """
     result_path = Path(plan.result_path)
     result_path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "ups.launch._torchrun", str(result_path), *plan.torchrun_argv]
-    env = {**os.environ, **plan.env}
-    state: dict[str, str] = {}
-    log.info("starting torchrun", cmd=cmd)
+    env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
+    state: dict[str, str] = {"phase": "torchrun_start"}
+    log.info("starting torchrun", cmd=cmd, shutdown_timeout_s=plan.stop_grace_s)
     # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
     # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
     proc = subprocess.Popen(
@@ -164,10 +186,16 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee) -> TorchrunResult:
         start_new_session=True,
     )
     assert proc.stdout is not None
-    with _forward_signals(proc, state):
-        for raw in proc.stdout:
-            tee.write_line(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+    reader = threading.Thread(target=_follow, args=(proc.stdout, tee, state), daemon=True)
+    with _forward_signals(proc, state), RssSampler() as sampler:
+        reader.start()
         rc = proc.wait()
+    if rc < 0:  # the child died by a signal before torchrun handled it (e.g. a SIGTERM
+        rc = 128 - rc  # as it started): report it the shell's way, 128 + signum
+    sweep()
+    reader.join()
     result = _read_result(result_path, rc)
     result.received_signal = state.get("signal")
+    result.phase = state["phase"]
+    result.peak_rss = dict(sampler.peak_rss)
     return result

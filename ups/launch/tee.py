@@ -10,6 +10,7 @@ the one that renders).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import IO, TextIO
@@ -34,6 +35,7 @@ class LineTee:
         render = console.isatty() if render is None else render
         self._view = ConsoleView(console, live=True) if render else None
         self._partial = ""
+        self._file_error: str | None = None
         # Reentrant: a stop signal's handler logs through this tee, possibly while the
         # main thread is inside write_line; a plain Lock would deadlock there.
         self._lock = threading.RLock()
@@ -45,8 +47,7 @@ class LineTee:
     def write_line(self, line: str) -> None:
         """Write one line (without its newline) to both sinks."""
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            self._write_file(line)
             if self._view is not None:
                 self._view.feed(line)  # the view drops output once the terminal is gone
                 return
@@ -68,9 +69,25 @@ class LineTee:
                 for line in text.splitlines():
                     self.write_line(line)
                 return
-            self._file.write(text + "\n")
-            self._file.flush()
+            for line in text.splitlines():
+                self._write_file(line)
             self._view.show(renderable)
+
+    def _write_file(self, line: str) -> None:
+        if self._file_error is not None:
+            return
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            # A full disk (ENOSPC) or a failing one: the console keeps every line, the exit
+            # code stays the run's; say once what launch.log is missing from here on.
+            self._file_error = f"{type(exc).__name__}: {exc}"
+            if self._console is not None:
+                self._console.write(
+                    f"ups launch: cannot write {self.path} ({self._file_error}); "
+                    "the rest of this run's output goes to the console only\n"
+                )
 
     def write(self, text: str) -> int:
         lines = (self._partial + text).split("\n")
@@ -80,7 +97,8 @@ class LineTee:
         return len(text)
 
     def flush(self) -> None:
-        self._file.flush()
+        with contextlib.suppress(OSError):  # reported by _write_file
+            self._file.flush()
 
     def close(self) -> None:
         if self._partial:
@@ -88,7 +106,8 @@ class LineTee:
             self._partial = ""
         if self._view is not None:
             self._view.close()
-        self._file.close()
+        with contextlib.suppress(OSError):  # buffered bytes that no longer fit: reported
+            self._file.close()
 
     def __enter__(self) -> LineTee:
         return self

@@ -19,6 +19,8 @@ from ups.config import FaultConfig
 from ups.log import get_logger
 
 ENV_VAR = "UPS_FAULTS"
+ATTEMPT_VAR = "UPS_ATTEMPT"
+"""Set by ``ups launch`` for each torchrun attempt (1, 2, ...)."""
 log = get_logger("faults")
 
 
@@ -35,19 +37,37 @@ def parse_faults(text: str) -> list[FaultConfig]:
         except ValueError as exc:
             raise ValueError(
                 f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step with kind one of "
-                f"oom, exception, segfault, hang, sigterm ({exc})"
+                f"oom, exception, segfault, hang, sigterm, sigkill, slow_save ({exc})"
             ) from None
     return faults
+
+
+SLOW_SAVE_S = 35.0
+"""How much ``slow_save`` delays a checkpoint write: past torchrun's default 30 s grace."""
 
 
 class FaultInjector:
     """Fires this rank's configured faults at the start of their step."""
 
     def __init__(self, faults: Sequence[FaultConfig], rank: int, *, under_torchrun: bool) -> None:
-        self.faults = {f.step: f for f in faults if f.rank == rank}
+        mine = [f for f in faults if f.rank == rank]
+        attempt = int(os.environ.get(ATTEMPT_VAR, "1"))
+        if mine and attempt > 1:
+            # A drill's fault hits the first attempt only: an in-place restart (--max-restarts)
+            # replays the same steps and must be able to get past them.
+            log.warning("faults_disarmed", attempt=attempt, faults=len(mine))
+            mine = []
+        self.faults = {f.step: f for f in mine if f.kind != "slow_save"}
+        self.slow_save_from = min((f.step for f in mine if f.kind == "slow_save"), default=None)
         self.under_torchrun = under_torchrun
-        for f in self.faults.values():
+        for f in mine:
             log.warning("fault_armed", kind=f.kind, fault_rank=f.rank, fault_step=f.step)
+
+    def before_save(self, step: int) -> None:
+        """Called as a checkpoint of ``step`` is about to be written."""
+        if self.slow_save_from is not None and step >= self.slow_save_from:
+            log.warning("fault_injected", kind="slow_save", step=step, delay_s=SLOW_SAVE_S)
+            time.sleep(SLOW_SAVE_S)
 
     def fire(self, step: int) -> None:
         fault = self.faults.pop(step, None)
@@ -63,6 +83,8 @@ class FaultInjector:
         if fault.kind == "hang":
             while True:  # stuck outside any collective, as a deadlocked data loader would be
                 time.sleep(60)
+        if fault.kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "sigterm":
             # Under torchrun the agent is our parent: signal it as `docker stop` would signal
             # the container, and let it forward SIGTERM to every worker.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -100,6 +101,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
+        self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
+        """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a resumed run needs: model, optimizer, schedule, counters, CPU RNG."""
@@ -109,12 +112,14 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "train_state": self.state.as_dict(),
             "rng_cpu": torch.get_rng_state(),
+            **self.checkpoint_extra(),
         }
 
     def save(self) -> Path | None:
         """Rank 0 writes a checkpoint of the current state; other ranks return None."""
         if not self.env.is_rank0:
             return None
+        self.injector.before_save(self.state.step)
         path = save_checkpoint(
             self.checkpoint_dir,
             self.state.step,

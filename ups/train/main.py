@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if faults:
             cfg = cfg.model_copy(update={"faults": [*cfg.faults, *faults]})
         env = read_dist_env()
+        log.info("phase", phase="data_check")  # ups launch names it if a signal lands here
         infos, problems = _inspect_tasks(cfg)
         if not problems:
             problems = model_problems(task_shapes(infos), cfg.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import hashlib
 from pathlib import Path
@@ -18,11 +19,16 @@ from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
 from ups.distributed.agreement import stuck_ranks
 from ups.distributed.env import DistEnv
-from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+from ups.distributed.lifecycle import (
+    init_distributed,
+    set_collective_timeout,
+    shutdown_distributed,
+)
 from ups.fsio import atomic_write_text
 from ups.log import setup_logging
 from ups.model import LatentOperator, TaskShape, build_model
 from ups.outcome import (
+    EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -36,6 +42,15 @@ from ups.train.evaluate import evaluate
 from ups.train.faults import FaultInjector
 from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule, total_steps
 from ups.train.metrics import mean_target, output_scale
+from ups.train.resume import (
+    FACTS_KEY,
+    ResumeRefused,
+    check_resume,
+    remapped_step,
+    restore_rng,
+    rng_state,
+    run_facts,
+)
 from ups.train.signals import StopFlag
 from ups.train.tracking import Tracker
 
@@ -143,27 +158,66 @@ def _open_run_dir(cfg: Config, env: DistEnv, run_id: str) -> Path:
     _fault_log = log_path.open("a")
     faulthandler.enable(file=_fault_log, all_threads=True)
     if env.is_rank0:
-        atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(cfg.model_dump(mode="json")))
+        _keep_config(run_dir, cfg)
         mark_latest(cfg.run.output_dir, run_dir)
     return run_dir
 
 
-def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> None:
-    """Rank 0 finds the newest good checkpoint and sends it to every rank."""
+def _keep_config(run_dir: Path, cfg: Config) -> Path:
+    """``config.yaml`` for the first attempt, ``config.attempt-N.yaml`` for each later one:
+    a resumed run may differ (allowed changes, a longer ``max_steps``), and each attempt's
+    config stays on record."""
+    path, n = run_dir / "config.yaml", 1
+    while path.exists():
+        n += 1
+        path = run_dir / f"config.attempt-{n}.yaml"
+    atomic_write_text(path, yaml.safe_dump(cfg.model_dump(mode="json")))
+    return path
+
+
+def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> dict[str, Any] | None:
+    """Rank 0 finds the newest good checkpoint, checks it against this run and sends the
+    verdict to every rank; every rank then loads it or raises the same ResumeRefused."""
+    facts = run_facts(cfg, env.world_size)
+    trainer.checkpoint_extra = lambda: {FACTS_KEY: facts, **rng_state()}
     found: list[Any] = [None]
     if env.is_rank0 and cfg.checkpoint.resume:
         hit = latest_good_checkpoint(ckpt_dir)
-        found = [None if hit is None else (str(hit[0]), hit[1])]
+        if hit is not None:
+            try:
+                notes = check_resume(
+                    hit[1].get(FACTS_KEY),
+                    facts,
+                    list(cfg.checkpoint.allow_resume_change),
+                    str(hit[0]),
+                )
+                found = [(str(hit[0]), hit[1], notes)]
+            except ResumeRefused as exc:
+                found = [str(exc)]
     dist.broadcast_object_list(found, src=0)
     if found[0] is None:
-        return
-    path, state = found[0]
+        return None
+    if isinstance(found[0], str):
+        raise ResumeRefused(found[0])
+    path, state, notes = found[0]
     trainer.model.module.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.state = TrainState(**state["train_state"])
     torch.set_rng_state(state["rng_cpu"])
+    if (warning := restore_rng(state)) is not None:
+        log.warning("resume_rng", note=warning)
+    saved_step = trainer.state.step
+    trainer.state.step = remapped_step(saved_step, state.get(FACTS_KEY), facts)
+    if notes:
+        log.warning("resume_changes_allowed", changes=notes)
+    if trainer.state.step != saved_step:
+        log.warning(
+            "resume_remapped", saved_step=saved_step, step=trainer.state.step,
+            why="global batch changed; same number of samples seen",
+        )  # fmt: skip
     log.info("resumed", path=path, step=trainer.state.step, updates=trainer.state.updates)
+    return {"step": trainer.state.step, "checkpoint": path, "changes": notes}
 
 
 def _failure(
@@ -173,12 +227,15 @@ def _failure(
     # First sentence only: gloo appends a paragraph of advice (and an emoji) to its errors.
     text = f"{type(exc).__name__}: {exc}".splitlines()[0].split(". ")[0][:300]
     reason = f"rank {env.rank} failed at step {step}: {text}"
+    cause = "exception"
     if isinstance(exc, TooManySkips):
-        reason = str(exc)
+        reason, cause = str(exc), "too_many_oom_skips"
     elif isinstance(exc, dist.DistError) or "gloo" in text.lower() or "nccl" in text.lower():
         stuck = stuck_ranks(env.world_size, step or 0)
         failed_rank = stuck[0] if stuck else None
+        cause = "peer_died"
         if "timed out" in text.lower() or "timeout" in text.lower():
+            cause = "hang"
             who = f"rank(s) {stuck} never reached step {step}" if stuck else "a peer did not arrive"
             reason = (
                 f"collective timed out after distributed.collective_timeout_s="
@@ -195,6 +252,7 @@ def _failure(
         step=step,
         world_size=env.world_size,
         failed_rank=failed_rank,
+        cause=cause,
         traceback=str(cfg.run.output_dir / run_id / "logs" / f"rank{failed_rank}.jsonl")
         if failed_rank is not None
         else None,
@@ -211,11 +269,27 @@ def _finish(outcome: Outcome, env: DistEnv, run_dir: Path | None, tracker: Track
     )
 
 
+class _Progress:
+    """What the run is doing and where it came from, for every outcome it writes."""
+
+    def __init__(self) -> None:
+        self.resumed_from: dict[str, Any] | None = None
+        self.enter("init")
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        log.info("phase", phase=phase)  # ups launch follows these lines for its own outcome
+
+    def stamp(self, outcome: Outcome) -> Outcome:
+        return dataclasses.replace(outcome, phase=self.phase, resumed_from=self.resumed_from)
+
+
 def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFlag) -> int:
     """Init, build in DDP order, train, evaluate; write the outcome on every way out."""
     tracker = Tracker()
     device = init_distributed(env, cfg.distributed)
     run_id, run_dir, trainer = "unknown", None, None
+    progress = _Progress()
     try:
         run_id = _agree_run_id(cfg, env)
         run_dir = _open_run_dir(cfg, env, run_id)
@@ -241,7 +315,7 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             stop=stop,
             checkpoint_dir=run_dir / "checkpoints",
         )
-        _resume(trainer, cfg, env, run_dir / "checkpoints")
+        progress.resumed_from = _resume(trainer, cfg, env, run_dir / "checkpoints")
         log.info(
             "train_start",
             steps=trainer.total_steps,
@@ -249,9 +323,16 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             steps_per_epoch=loader.steps_per_epoch,
             device=str(device),
         )
+        progress.enter("training")
         result = trainer.run()
         model = trainer.model.module
         log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
+        progress.enter("final_save")
+        # The other ranks wait in the barrier below while rank 0 writes: a preemption save
+        # may take the whole grace, longer than the tight collective timeout.
+        set_collective_timeout(
+            max(cfg.distributed.collective_timeout_s, cfg.distributed.stop_grace_s)
+        )
         checkpoint = trainer.save()
         dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
         if result == "preempted":
@@ -265,9 +346,11 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
                 world_size=env.world_size,
                 signal=stop.signal_name,
                 checkpoint=str(checkpoint) if checkpoint else None,
+                cause="preempted",
             )
-            _finish(outcome, env, run_dir, tracker)
+            _finish(progress.stamp(outcome), env, run_dir, tracker)
             return EXIT_PREEMPTED
+        progress.enter("evaluation")
         metrics = evaluate(model, cfg, infos, env, device)
         tracker.summary(metrics)
         log.info("eval", **metrics)
@@ -283,11 +366,20 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
             metrics=metrics,
             checkpoint=str(checkpoint) if checkpoint else None,
         )
-        _finish(outcome, env, run_dir, tracker)
+        _finish(progress.stamp(outcome), env, run_dir, tracker)
         shutdown_distributed()
         return EXIT_OK
+    except ResumeRefused as exc:
+        # A decision every rank took together (rank 0 broadcast it): a config error, no trace.
+        refused = Outcome(
+            run_id=run_id, outcome="failed", exit_code=EXIT_CONFIG, reason=str(exc),
+            world_size=env.world_size, cause="config",
+        )  # fmt: skip
+        _finish(progress.stamp(refused), env, run_dir, tracker)
+        shutdown_distributed()
+        return EXIT_CONFIG
     except BaseException as exc:
         step = trainer.state.step if trainer is not None else None
         log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")
-        _finish(_failure(exc, cfg, env, step, run_id), env, run_dir, tracker)
+        _finish(progress.stamp(_failure(exc, cfg, env, step, run_id)), env, run_dir, tracker)
         raise

@@ -1,0 +1,65 @@
+"""`--max-restarts`: torchrun relaunched in place from the last checkpoint after a
+retryable failure, never after a deterministic one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import parse_events
+from tests.lifecycle_helpers import outcome, run
+
+pytestmark = pytest.mark.slow
+
+
+def test_max_restarts_relaunches_torchrun_after_a_sigkill(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Rank 1 is SIGKILLed at step 6 with --max-restarts 1: launch logs the restart,
+    relaunches torchrun, which resumes from step 4 and finishes; exit 0 and the outcome
+    counts 1 restart and lists both attempts (the first with its SIGKILL explanation)."""
+    cfg = make_config(
+        training={"max_steps": 10},
+        checkpoint={"every_steps": 4},
+        distributed={"restart_backoff_s": 1, "init_timeout_s": 60, "collective_timeout_s": 30},
+    )
+    proc = run(
+        str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "1",
+        env={"UPS_FAULTS": "sigkill@1:6"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "restarting torchrun from the last checkpoint in 1 s (restart 1 of 1)" in proc.stdout
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    out = outcome(run_dir)
+    assert (out["outcome"], out["restarts"], len(out["attempts"])) == ("finished", 1, 2)
+    first, second = out["attempts"]
+    assert (first["cause"], first["outcome"]) == ("rank_signal", "failed")
+    assert first["memory"]["oom_killer"] is False
+    assert second["outcome"] == "finished"
+    assert out["resumed_from"]["step"] == 4
+    assert any(e["event"] == "faults_disarmed" for e in parse_events(proc.stdout))
+
+
+def test_deterministic_failure_is_neither_restarted_nor_resumed(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A Python exception on rank 1 with --max-restarts 2: one attempt only, exit 1, cause
+    `exception`; the same command then plans a new run and says why it does not resume."""
+    cfg = make_config(training={"max_steps": 10}, checkpoint={"every_steps": 2})
+    proc = run(
+        str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "2",
+        env={"UPS_FAULTS": "exception@1:5"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    out = outcome(run_dir)
+    assert (out["cause"], out["restarts"], len(out["attempts"])) == ("exception", 0, 1)
+    assert "restarting torchrun" not in proc.stdout
+    plan = run(str(tmp_path), str(cfg), "--dry-run")
+    assert plan.returncode == 0, plan.stderr
+    planned = json.loads(plan.stdout)
+    assert planned["run_id"] != run_dir.name and planned["resume"] is None
+    assert "Python exception" in planned["resume_note"]

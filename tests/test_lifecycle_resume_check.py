@@ -1,0 +1,47 @@
+"""A resume that would change the run's math is refused, unless allowed explicitly."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import parse_events
+from tests.lifecycle_helpers import last_event, outcome, run
+
+pytestmark = pytest.mark.slow
+
+
+def test_resume_on_another_world_size_is_refused_then_allowed(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A 2-rank run resumed on 1 rank: refused with exit 2, one paragraph naming the world
+    size change and the flag, no traceback. With --allow-resume-change world_size it runs,
+    remapping step 4 (global batch 16) to step 8 (global batch 8), and every attempt's
+    config is kept."""
+    cfg = make_config(training={"max_steps": 4}, checkpoint={"every_steps": 2})
+    first = run(str(tmp_path), str(cfg), "--skip-preflight", "--run-id", "ws")
+    assert first.returncode == 0, first.stdout[-3000:]
+    run_dir = tmp_path / "runs" / "ws"
+
+    args = (str(cfg), "--skip-preflight", "--run-id", "ws", "--nproc-per-node", "1",
+            "--set", "training.max_steps=12")  # fmt: skip
+    refused = run(str(tmp_path), *args)
+    assert refused.returncode == 2, refused.stdout[-3000:]
+    out = outcome(run_dir)
+    assert (out["outcome"], out["cause"], out["exit_code"]) == ("failed", "config", 2)
+    assert "world size 2 -> 1" in out["reason"]
+    assert "--allow-resume-change world_size" in out["reason"]
+    assert "\n" not in out["reason"]
+    assert "Traceback" not in refused.stdout + refused.stderr
+    assert "world size 2 -> 1" in last_event(refused.stdout)["reason"]
+
+    allowed = run(str(tmp_path), *args, "--allow-resume-change", "world_size")
+    assert allowed.returncode == 0, allowed.stdout[-3000:]
+    remap = [e for e in parse_events(allowed.stdout) if e["event"] == "resume_remapped"]
+    assert remap and (remap[0]["saved_step"], remap[0]["step"]) == (4, 8)
+    assert outcome(run_dir)["outcome"] == "finished"
+    kept = sorted(p.name for p in run_dir.glob("config*.yaml"))
+    assert kept == ["config.attempt-2.yaml", "config.attempt-3.yaml", "config.yaml"]
+    assert "world_size" in (run_dir / "config.attempt-3.yaml").read_text()

@@ -1,0 +1,78 @@
+"""Which ways a run can end are worth retrying: the one table every resumer reads.
+
+``ups launch`` reads it twice: to decide whether the same command continues the latest
+run of that name (``ups.rundir``), and whether ``--max-restarts`` relaunches torchrun in
+place. A later recovery loop (e.g. recreating a Vast instance) imports the same table,
+so "retryable" means one thing everywhere.
+
+A cause is retryable when running the same code on the same data again can succeed:
+the host went away, a process was killed, a peer hung or dropped its connection. A
+cause is deterministic when the same command would fail the same way (a bad config, a
+non-finite loss, a Python exception, too many out-of-memory skips): retrying it in a
+loop only burns money, so the user has to change something first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class RetryRule:
+    cause: str
+    """The ``cause`` field of ``outcome.json``."""
+    retryable: bool
+    exit_codes: tuple[int, ...]
+    """Exit codes of ``ups launch`` that mean this cause on their own (for tools that see
+    only a container's exit code); an empty tuple when only ``outcome.json`` tells."""
+    meaning: str
+
+
+RETRY_TABLE: tuple[RetryRule, ...] = (
+    RetryRule(
+        "preempted", True, (EXIT_PREEMPTED,), "SIGTERM; every rank stopped, checkpoint written"
+    ),
+    RetryRule("stopped", True, (129, 130, 143), "ups launch itself got SIGHUP/SIGINT/SIGTERM"),
+    RetryRule("killed", True, (), "no outcome.json: ups launch was killed or the host died"),
+    RetryRule("rank_signal", True, (), "a rank died by a signal (SIGKILL, SIGSEGV, SIGBUS...)"),
+    RetryRule("hang", True, (), "a collective timed out: a rank hung"),
+    RetryRule("peer_died", True, (), "a collective failed: a peer's connection dropped"),
+    RetryRule("exception", False, (), "a Python exception in a rank: it would raise again"),
+    RetryRule("too_many_oom_skips", False, (), "training.max_consecutive_skips reached"),
+    RetryRule("nonfinite", False, (), "non-finite loss or gradients (training.nonfinite: fail)"),
+    RetryRule("save_failed", False, (), "a checkpoint could not be written (disk full...)"),
+    RetryRule("config", False, (EXIT_CONFIG,), "invalid config or data, or a refused resume"),
+    RetryRule("preflight", False, (), "a preflight check failed: fix the host first"),
+    RetryRule("launch_error", False, (), "ups launch could not start torchrun"),
+)
+RULES = {rule.cause: rule for rule in RETRY_TABLE}
+
+
+def retry_verdict(outcome: Outcome | None) -> tuple[bool, str]:
+    """Whether a run that ended with ``outcome`` (None: no outcome.json) may be resumed,
+    and why, in words. Finished runs and unknown causes are never retried."""
+    if outcome is None:
+        return True, RULES["killed"].meaning
+    if outcome.outcome == "finished":
+        return False, "it finished"
+    cause = outcome.cause or ("preempted" if outcome.outcome == "preempted" else None)
+    rule = RULES.get(cause or "")
+    if rule is None:
+        for candidate in RETRY_TABLE:
+            if outcome.exit_code in candidate.exit_codes:
+                rule = candidate
+                break
+    if rule is None:
+        return False, f"it failed for an unclassified reason ({outcome.reason})"
+    return rule.retryable, rule.meaning
+
+
+def table_markdown() -> str:
+    """The table as it appears in README.md and docs/launch.md (a test keeps them equal)."""
+    lines = ["| cause | resumed | exit code | meaning |", "|---|---|---|---|"]
+    for r in RETRY_TABLE:
+        codes = ", ".join(map(str, r.exit_codes)) or "see outcome.json"
+        lines.append(f"| `{r.cause}` | {'yes' if r.retryable else 'no'} | {codes} | {r.meaning} |")
+    return "\n".join(lines)
