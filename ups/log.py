@@ -48,8 +48,15 @@ class _Sinks:
         level = _LEVELS.get(str(event.get("level", "info")), 20)
         line = dumps(event)
         if self.file is not None:
-            self.file.write(line + "\n")
-            self.file.flush()
+            try:
+                self.file.write(line + "\n")
+                self.file.flush()
+            except OSError as exc:
+                # A full or failing disk must not turn every log call into a crash: the
+                # events keep going to stdout (the console, launch.log on another disk).
+                self.file = None
+                lost = {"event": "log_file_unwritable", "level": "error", "error": str(exc)}
+                self.stdout.write(dumps(lost) + "\n")
         if level >= self.min_stdout:
             text = (
                 self.console(None, str(event.get("level")), dict(event)) if self.console else line
