@@ -3,6 +3,8 @@ disk check estimates what the run will write (issue 9). Real tmpfs mounts."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +15,12 @@ from preflight import Status
 from tests.conftest import parse_events, torchrun
 from tests.fault_helpers import events, strict_json, survivors
 from tests.fixtures.preflight_helpers import run_check, small_tmpfs
-from ups.outcome import EXIT_SAVE_FAILED
+from ups.distributed.env import read_dist_env
+from ups.log import setup_logging
+from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED, Outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
+from ups.train.run import _finish
+from ups.train.tracking import Tracker
 
 
 @pytest.mark.slow
@@ -84,3 +90,26 @@ def test_preflight_disk_fails_when_the_run_will_not_fit(
 
         small = run_check("disk", config=make_config(run={"output_dir": str(disk / "runs")}))
         assert small.status is not Status.FAIL, small.message
+
+
+def test_bookkeeping_on_a_full_disk_still_reaches_the_console(tmp_path: Path) -> None:
+    """With the run directory's disk full to the last byte, the rank's log file and
+    outcome.json cannot be written: the trainer does not crash, says so on the console,
+    and the outcome itself still reaches the console; no temporary file is left."""
+
+    with small_tmpfs(tmp_path / "full", "64k") as disk:
+        run_dir = disk / "run"
+        console = io.StringIO()
+        setup_logging(rank=0, run_id="full", log_dir=run_dir / "logs", stdout=console)
+        filler = (disk / "filler").open("wb", buffering=0)  # unbuffered: close cannot fail
+        with filler, contextlib.suppress(OSError):
+            while filler.write(b"\0" * 4096):  # until the disk is full to the last block
+                pass
+        outcome = Outcome(run_id="full", outcome="failed", exit_code=EXIT_FAILED, reason="x")
+        _finish(outcome, read_dist_env({}), run_dir, Tracker())
+        lines = parse_events(console.getvalue())
+        names = [e["event"] for e in lines]
+        assert "log_file_unwritable" in names and "outcome_not_written" in names
+        assert lines[-1]["event"] == "outcome" and lines[-1]["outcome"] == "failed"
+        assert not (run_dir / "outcome.json").exists()
+        assert [p.name for p in run_dir.iterdir() if ".tmp" in p.name] == []

@@ -7,6 +7,7 @@ and errors, as JSON lines, or rendered for people when stdout is a terminal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -54,7 +55,9 @@ class _Sinks:
             except OSError as exc:
                 # A full or failing disk must not turn every log call into a crash: the
                 # events keep going to stdout (the console, launch.log on another disk).
-                self.file = None
+                broken, self.file = self.file, None
+                with contextlib.suppress(OSError):
+                    broken.close()
                 lost = {"event": "log_file_unwritable", "level": "error", "error": str(exc)}
                 self.stdout.write(dumps(lost) + "\n")
         if level >= self.min_stdout:
