@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import only_run_dir, parse_events, rank_events, torchrun
+from tests.fault_helpers import survivors
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -113,6 +114,7 @@ def test_hung_rank_times_out_within_the_collective_timeout(make_config, tmp_path
     )
     rank1_log = (run_dir / "logs" / "rank1.jsonl").read_text()
     assert "(most recent call first):" in rank1_log and "in fire" in rank1_log
+    assert survivors(str(cfg)) == []
 
 
 def test_resumed_attempt_also_gets_the_tight_collective_timeout(make_config, tmp_path):

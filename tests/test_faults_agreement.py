@@ -83,6 +83,7 @@ def test_oom_before_the_all_reduce_skips_the_step_on_every_rank(make_config, tmp
     digests = _digests(run_dir)
     assert digests[0] == digests[1]
     assert strict_json(run_dir / "outcome.json")["outcome"] == "finished"
+    assert survivors(str(cfg)) == []
 
 
 @pytest.mark.parametrize("point", ["clip", "optimizer", "scheduler"])
@@ -103,6 +104,7 @@ def test_oom_in_the_update_is_repaired_from_a_rank_that_completed_it(make_config
         assert not events(run_dir, rank, "step_skipped")
     assert _digests(run_dir) == {0: clean, 1: clean}
     assert strict_json(run_dir / "outcome.json")["outcome"] == "finished"
+    assert survivors(str(cfg)) == []
 
 
 def test_oom_inside_the_optimizer_on_every_rank_fails_clearly(make_config, tmp_path):

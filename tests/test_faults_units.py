@@ -12,6 +12,8 @@ import pytest
 
 from ups.distributed.stacks import DUMP_SIGNAL, parse_dump, where_stuck
 from ups.launch.plan import LaunchRequest, build_plan
+from ups.outcome import EXIT_NONFINITE
+from ups.train.failures import nonfinite_metrics
 from ups.train.faults import parse_faults
 
 STUCK = """
@@ -85,3 +87,13 @@ def test_fault_specs_name_a_point_in_the_step() -> None:
     ]
     with pytest.raises(ValueError, match="point one of start, forward, backward, pack"):
         parse_faults("oom@1:3:elsewhere")
+
+
+def test_a_nonfinite_eval_metric_is_a_failure_not_a_finish() -> None:
+    """A NaN or inf evaluation metric makes the run fail with the non-finite exit code,
+    naming each bad metric; finite metrics pass."""
+    assert nonfinite_metrics({"eval/a/rel_l2": 0.1, "eval/a/samples": 20.0}) is None
+    failed = nonfinite_metrics({"eval/a/rel_l2": float("nan"), "eval/b/rel_l2": float("inf")})
+    assert failed is not None and failed.exit_code == EXIT_NONFINITE
+    assert "eval/a/rel_l2=nan" in failed.reason and "eval/b/rel_l2=inf" in failed.reason
+    assert "training.lr" in failed.reason

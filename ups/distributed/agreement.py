@@ -106,8 +106,6 @@ class Update(enum.IntEnum):
     """Out of memory before the optimizer touched any state: only gradients are lost."""
     OOM_IN_STEP = 2
     """Out of memory inside the optimizer step or scheduler: parameters may be half-updated."""
-    NONFINITE_NORM = 3
-    """The averaged gradient's norm is NaN/inf: the optimizer was not called."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +149,15 @@ def broadcast_replica(params: Sequence[Tensor], optimizer: torch.optim.Optimizer
         dist.broadcast(p.data, src=src)
         state = optimizer.state[p]
         for key in sorted(state):
-            if isinstance(state[key], Tensor):
-                dist.broadcast(state[key], src=src)
+            value = state[key]
+            if not isinstance(value, Tensor):
+                continue
+            if value.device == p.device:
+                dist.broadcast(value, src=src)
+            else:  # AdamW keeps its step counter on the CPU, which NCCL cannot send
+                staged = value.to(p.device)
+                dist.broadcast(staged, src=src)
+                value.copy_(staged)
 
 
 def heartbeat(rank: int, step: int) -> None:
