@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/bench_train.py            # configs/demo.yaml, 100 steps
     .venv/bin/python benchmarks/bench_train.py --steps 60 --repeats 1
+    .venv/bin/python benchmarks/bench_train.py --agreement --steps 60 --repeats 3
 
 In one run it measures, side by side:
 
@@ -16,6 +17,10 @@ In one run it measures, side by side:
 2. in one process (one thread): the multi-task loader alone (``next()`` on the
    MultiTaskLoader, no model) vs the training step alone (``Trainer.train_step`` on the
    same batches, held in memory), to see whether the loader is ever the bottleneck.
+
+``--agreement`` measures instead the per-step cost of the per-step agreement against the
+step it replaced, side by side in the same ranks (``benchmarks/agreement_cost.py``);
+results go to ``benchmarks/results/train-agreement-cpu.txt`` unless ``--out`` says.
 
 Results go to stdout and ``--out`` (default ``benchmarks/results/train-cpu.txt``).
 W&B is disabled in these runs: it is not what is being measured.
@@ -316,17 +321,59 @@ def _report(
     return "\n".join(lines) + "\n"
 
 
+def _agreement(args: argparse.Namespace) -> int:
+    import agreement_cost  # beside this script (sys.path[0])
+    import torch
+
+    out = args.out or Path("benchmarks/results/train-agreement-cpu.txt")
+    with tempfile.TemporaryDirectory(prefix="ups-bench-") as tmp:
+        data_overrides = snapshot_data(args.config, Path(tmp) / "data")
+        lines = agreement_cost.run(
+            SCRIPT,
+            args.config,
+            data_overrides,
+            steps=args.steps,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            work=Path(tmp),
+        )
+    header = [
+        f"ups agreement benchmark, CPU/gloo - {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        f"config {args.config}; torch {torch.__version__}, python {platform.python_version()}, "
+        f"{os.cpu_count()} CPU cores shared with other jobs (load average at start "
+        f"{args.load_at_start})",
+        "",
+    ]
+    report = "\n".join(header + lines) + "\n"
+    print(report, end="")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         return worker(sys.argv[2:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--agreement-worker":
+        import agreement_cost  # beside this script (sys.path[0])
+
+        out, config, steps, warmup, *sets = sys.argv[2:]
+        agreement_cost.worker(Path(out), Path(config), sets, int(steps), int(warmup))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
     parser.add_argument("--steps", type=int, default=100, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out")
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting; best kept")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/train-cpu.txt"))
+    parser.add_argument("--out", type=Path, default=None, help="report file")
+    parser.add_argument(
+        "--agreement", action="store_true", help="only the agreement's per-step cost"
+    )
     args = parser.parse_args()
     args.load_at_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if args.agreement:
+        return _agreement(args)
+    args.out = args.out or Path("benchmarks/results/train-cpu.txt")
 
     settings = [("1 process, 1 thread", 1, 1), ("1 process, 2 threads", 1, 2)]
     settings.append(("torchrun, 2 ranks", 2, 1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import only_run_dir, parse_events, rank_events, torchrun
+from tests.fault_helpers import survivors
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -92,7 +94,8 @@ def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_pat
 
 
 def test_hung_rank_times_out_within_the_collective_timeout(make_config, tmp_path):
-    """Rank 1 sleeps before step 3: rank 0 gives up after collective_timeout_s and names it."""
+    """Rank 1 sleeps before step 3: rank 0 gives up after collective_timeout_s, names it and
+    where it hung (file:line in function, from rank 1's stacks dumped into its log)."""
     cfg = make_config(training={"max_steps": 20}, distributed={"collective_timeout_s": 5})
     result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:3"})
     assert result.returncode != 0
@@ -105,6 +108,27 @@ def test_hung_rank_times_out_within_the_collective_timeout(make_config, tmp_path
     assert outcome is not None and outcome.outcome == "failed"
     assert "collective_timeout_s=5s" in outcome.reason and "[1]" in outcome.reason
     assert outcome.failed_rank == 1
+    # the injected hang is `time.sleep` inside FaultInjector.fire (ups/train/faults.py)
+    assert re.search(r"rank 1 was at \S+/ups/train/faults\.py:\d+ in fire", outcome.reason), (
+        outcome.reason
+    )
+    rank1_log = (run_dir / "logs" / "rank1.jsonl").read_text()
+    assert "(most recent call first):" in rank1_log and "in fire" in rank1_log
+    assert survivors(str(cfg)) == []
+
+
+def test_resumed_attempt_also_gets_the_tight_collective_timeout(make_config, tmp_path):
+    """After a resume, a hang is caught after collective_timeout_s, not the 60 s init timeout."""
+    cfg = make_config(training={"max_steps": 20}, distributed={"collective_timeout_s": 5})
+    assert torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:3"}).returncode != 0
+    run_dir = only_run_dir(tmp_path / "runs")
+    result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:7"})  # resumes at step 4
+    assert result.returncode != 0
+    assert [e["step"] for e in _events(run_dir, 0, "resumed")] == [4]
+    failed = [e for e in rank_events(run_dir, 0) if e["event"] == "outcome"][-1]
+    injected = [e for e in rank_events(run_dir, 1) if e["event"] == "fault_injected"][-1]
+    waited = _seconds_between(injected["timestamp"], failed["timestamp"])
+    assert 4 <= waited < 30, f"rank 0 gave up {waited:.1f}s after the hang (timeout 5 s)"
 
 
 def _seconds_between(a: str, b: str) -> float:

@@ -72,16 +72,18 @@ def _failed(cause: str | None, code: int = 1) -> Outcome:
 
 
 def test_retry_verdicts() -> None:
-    """Crashes, kills, hangs, preemption and a missing outcome are retried; a bad config,
-    a non-finite loss, an exception, OOM skips and anything unclassified are not."""
+    """Crashes, kills, hangs, preemption, a failed save (once space is freed) and a missing
+    outcome are retried; a bad config, a non-finite loss, an exception, OOM skips and
+    anything unclassified are not."""
     assert retry_verdict(None)[0]
     assert retry_verdict(Outcome(run_id="r", outcome="preempted", exit_code=75, reason=""))[0]
-    for cause in ("rank_signal", "hang", "peer_died", "stopped"):
+    for cause in ("rank_signal", "hang", "peer_died", "stopped", "save_failed"):
         assert retry_verdict(_failed(cause))[0], cause
-    for cause in ("exception", "nonfinite", "too_many_oom_skips", "config", "save_failed"):
+    for cause in ("exception", "nonfinite", "too_many_oom_skips", "oom_in_step", "config"):
         assert not retry_verdict(_failed(cause))[0], cause
     assert not retry_verdict(_failed(None))[0]
     assert not retry_verdict(_failed(None, code=2))[0]  # older outcome: the code tells
+    assert not retry_verdict(_failed(None, code=65))[0]
     assert not retry_verdict(Outcome(run_id="r", outcome="finished", exit_code=0, reason=""))[0]
     assert len({r.cause for r in RETRY_TABLE}) == len(RETRY_TABLE)
 

@@ -9,6 +9,7 @@ rank's warnings and errors, as JSON lines, or through :class:`ups.console.Consol
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -60,8 +61,17 @@ class _Sinks:
         level = _LEVELS.get(str(event.get("level", "info")), 20)
         line = dumps(event)
         if self.file is not None:
-            self.file.write(line + "\n")
-            self.file.flush()
+            try:
+                self.file.write(line + "\n")
+                self.file.flush()
+            except OSError as exc:
+                # A full or failing disk must not turn every log call into a crash: the
+                # events keep going to stdout (the console, launch.log on another disk).
+                broken, self.file = self.file, None
+                with contextlib.suppress(OSError):
+                    broken.close()
+                lost = {"event": "log_file_unwritable", "level": "error", "error": str(exc)}
+                self.stdout.write(dumps(lost) + "\n")
         if level < self.min_stdout:
             return
         if self.console:

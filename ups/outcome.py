@@ -46,6 +46,12 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 """Bad config or data, reported before any process group started."""
+EXIT_NONFINITE = 65
+"""A loss, gradient or eval metric became NaN/inf (training.nonfinite=fail). Deterministic:
+rerunning the same config fails the same way. EX_DATAERR."""
+EXIT_SAVE_FAILED = 74
+"""Rank 0 could not write a checkpoint (disk full, I/O error, permissions); every rank
+stopped. Fix the disk, then resume. EX_IOERR."""
 EXIT_PREEMPTED = 75
 """SIGTERM received (docker stop, Vast preemption); a checkpoint was written. EX_TEMPFAIL."""
 

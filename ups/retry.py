@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, Outcome
+from ups.outcome import EXIT_CONFIG, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SAVE_FAILED, Outcome
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,14 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
     RetryRule("peer_died", True, (), "a collective failed: a peer's connection dropped"),
     RetryRule("exception", False, (), "a Python exception in a rank: it would raise again"),
     RetryRule("too_many_oom_skips", False, (), "training.max_consecutive_skips reached"),
-    RetryRule("nonfinite", False, (), "non-finite loss or gradients (training.nonfinite: fail)"),
-    RetryRule("save_failed", False, (), "a checkpoint could not be written (disk full...)"),
+    RetryRule("oom_in_step", False, (), "out of memory inside the optimizer step on every rank"),
+    RetryRule("nonfinite", False, (EXIT_NONFINITE,), "non-finite loss, gradients or eval metrics"),
+    RetryRule(
+        "save_failed",
+        True,
+        (EXIT_SAVE_FAILED,),
+        "a checkpoint could not be written (disk full): free space, the same command resumes",
+    ),
     RetryRule("config", False, (EXIT_CONFIG,), "invalid config or data, or a refused resume"),
     RetryRule("preflight", False, (), "a preflight check failed: fix the host first"),
     RetryRule("launch_error", False, (), "ups launch could not start torchrun"),

@@ -42,7 +42,9 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("ports", ports.run, 10.0, "master and rendezvous ports bindable"),
     CheckSpec("shm", shm.run, 10.0, "/dev/shm size for DataLoader workers and NCCL"),
     CheckSpec("ulimits", ulimits.run, 5.0, "nofile, memlock, stack limits"),
-    CheckSpec("disk", disk.run, 10.0, "free disk where checkpoints and caches go"),
+    # 60 s: the estimate builds the model on the meta device, whose first use imports
+    # torch's compiler stack (~1.5 s CPU; 15 s wall on a saturated 2-core host).
+    CheckSpec("disk", disk.run, 60.0, "free disk vs what the run will write (checkpoints, logs)"),
     CheckSpec("memory", memory.run, 5.0, "free RAM (and the cgroup limit)"),
     CheckSpec("distenv", distenv.run, 5.0, "RANK/WORLD_SIZE/... consistent under torchrun"),
     CheckSpec("wandb", wandb_creds.run, 5.0, "W&B mode and whether credentials are present"),

@@ -110,7 +110,10 @@ class TrainingConfig(_Strict):
     max_steps: int | None = Field(None, ge=1)
     """Stop after this many steps in total (for smoke tests); default: all epochs."""
     max_consecutive_skips: int = Field(3, ge=1)
-    """Fail the run after this many consecutive steps skipped for out-of-memory."""
+    """Fail the run after this many consecutive skipped steps (out of memory, non-finite)."""
+    nonfinite: Literal["fail", "skip"] = "fail"
+    """A NaN/inf loss or gradient on any rank: ``fail`` ends the run at that step on every
+    rank (outcome failed, no update applied); ``skip`` skips the step on every rank."""
     eval_batch_size: int = Field(64, ge=1)
     """Per-rank batch size of the held-out evaluation at the end of the run."""
     record_sample_ids: bool = False
@@ -179,10 +182,17 @@ class PreflightConfig(_Strict):
     """All-reduce bus-bandwidth floor for ``ups-preflight``; default: its per-GPU-model table."""
 
 
-FaultKind = Literal["oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save"]
+FaultKind = Literal[
+    "oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save", "nan"
+]
 """``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would).
 ``slow_save`` makes every checkpoint write from that step on take 35 s longer (more
-than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk."""
+than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk.
+``nan`` makes this rank's loss NaN in that step (the others stay finite)."""
+FaultPoint = Literal["start", "forward", "backward", "pack", "clip", "optimizer", "scheduler"]
+"""Where in a step a fault fires: ``start`` (before any work), or just before the forward,
+the backward, packing gradients into the all-reduce buffer, clipping, the optimizer step
+or the scheduler step."""
 
 
 class FaultConfig(_Strict):
@@ -193,7 +203,8 @@ class FaultConfig(_Strict):
     rank: int = Field(ge=0)
     """The rank the fault fires on."""
     step: int = Field(ge=0)
-    """The global step (0-based) at whose start the fault fires."""
+    """The global step (0-based) in which the fault fires."""
+    point: FaultPoint = "start"
 
 
 class Config(_Strict):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -28,6 +30,9 @@ def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
     if backend == "nccl":
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
+        dump_prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+        if dump_prefix:  # the flight recorder writes <prefix><rank> but creates no directory
+            Path(dump_prefix).parent.mkdir(parents=True, exist_ok=True)
     timeout = dt.timedelta(seconds=cfg.init_timeout_s)
     if env.under_torchrun:
         dist.init_process_group(

@@ -16,7 +16,15 @@ from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_ki
 from ups.launch.plan import LaunchPlan
 from ups.launch.runner import TorchrunResult, WorkerFailure
 from ups.log import get_logger
-from ups.outcome import EXIT_CONFIG, OUTCOME_FILE, Outcome, read_outcome, write_outcome
+from ups.outcome import (
+    EXIT_CONFIG,
+    EXIT_NONFINITE,
+    EXIT_SAVE_FAILED,
+    OUTCOME_FILE,
+    Outcome,
+    read_outcome,
+    write_outcome,
+)
 
 log = get_logger("ups.launch")
 
@@ -181,10 +189,14 @@ def _amend_failed(
     return dataclasses.replace(written, **changes) if changes else written
 
 
+_TRAINER_CODES = (EXIT_CONFIG, EXIT_NONFINITE, EXIT_SAVE_FAILED)
+
+
 def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
-    """torchrun's exit code unchanged, except: preempted -> its code (75), and a run whose
-    outcome is not "finished" never exits 0."""
-    if outcome.outcome == "preempted" or outcome.exit_code == EXIT_CONFIG:
+    """torchrun's exit code, except where the run said more: the trainer's own codes
+    (preempted 75, bad config 2, non-finite 65, save failed 74) pass through, and a run
+    whose outcome is not "finished" never exits 0."""
+    if outcome.outcome == "preempted" or outcome.exit_code in _TRAINER_CODES:
         return outcome.exit_code
     if torchrun_rc != 0:
         return torchrun_rc

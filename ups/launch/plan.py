@@ -184,6 +184,15 @@ def _worker_env(
     }
     if gpu_count == 0 and "OMP_NUM_THREADS" not in environ:
         env["OMP_NUM_THREADS"] = "1"
+    if gpu_count > 0:
+        # NCCL flight recorder: on a collective timeout each rank dumps its last collectives
+        # to <run_dir>/nccl_trace/rank_<N> (read with `torchfrtrace`). Needs error handling 3.
+        recorder = {
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{run_dir}/nccl_trace/rank_",
+        }
+        env.update({key: environ.get(key, value) for key, value in recorder.items()})
     return env
 
 

@@ -8,9 +8,12 @@ reported and skipped, never trusted.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,38 @@ class CheckpointCorrupt(RuntimeError):
     """A checkpoint file failed its checksum or could not be loaded."""
 
 
+class CheckpointSaveFailed(RuntimeError):
+    """Rank 0 could not write a checkpoint (disk full, I/O error, permissions)."""
+
+    def __init__(self, path: Path, needed: int, cause: OSError) -> None:
+        self.path, self.needed, self.cause = path, needed, cause
+        self.free = _free_bytes(path.parent)
+        super().__init__(self.reason())
+
+    def reason(self) -> str:
+        code = errno.errorcode.get(self.cause.errno or 0, "error")
+        free = "unknown" if self.free is None else f"{self.free} bytes"
+        fix = {
+            errno.ENOSPC: "free space on that disk (old runs: du -sh runs/*), lower "
+            "checkpoint.keep_last, or point run.output_dir at a bigger disk",
+            errno.EDQUOT: "raise the disk quota or free space",
+            errno.EACCES: "make the checkpoint directory writable by this user",
+            errno.EROFS: "point run.output_dir at a writable disk",
+        }.get(self.cause.errno or 0, "check that disk (dmesg, smartctl) or move run.output_dir")
+        return (
+            f"checkpoint save failed: {code} ({os.strerror(self.cause.errno or 0)}) writing "
+            f"{self.path}: it needs {self.needed} bytes, {free} free there; the earlier "
+            f"checkpoints are intact. Fix: {fix}, then run the same command again to resume"
+        )
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
 def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"step_{step:06d}.pt"
 
@@ -40,14 +75,26 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
-    """Write ``state`` atomically as ``step_<step>.pt`` and keep only the newest ``keep_last``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """Write ``state`` atomically as ``step_<step>.pt`` and keep only the newest ``keep_last``.
+
+    Raises :class:`CheckpointSaveFailed` on any OS error; no temporary or half-recorded
+    file is left behind (a checkpoint without its digest is removed too), and older
+    checkpoints are only pruned after the new one is complete.
+    """
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getbuffer()
     path = checkpoint_path(directory, step)
-    atomic_write_bytes(path, data)
-    atomic_write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, data)
+        try:
+            atomic_write_text(_digest_path(path), hashlib.sha256(data).hexdigest() + "\n")
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise CheckpointSaveFailed(path, len(data), exc) from exc
     for _, old in list_checkpoints(directory)[:-keep_last]:
         old.unlink(missing_ok=True)
         _digest_path(old).unlink(missing_ok=True)

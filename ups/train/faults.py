@@ -1,8 +1,10 @@
 """Fault injection for tests and drills: make one rank fail in a chosen way at a chosen step.
 
 Off unless a fault is configured (``faults:`` in the config or ``UPS_FAULTS`` in the
-env, e.g. ``UPS_FAULTS="oom@1:5,segfault@1:3"`` = kind@rank:step). Shipped configs
-have none, and the trainer logs a warning whenever one is armed.
+env, e.g. ``UPS_FAULTS="oom@1:5,segfault@1:3"`` = kind@rank:step, or
+``oom@1:5:optimizer`` = kind@rank:step:point to fire at a point inside the step, see
+``FaultPoint``). Shipped configs have none, and the trainer logs a warning whenever one
+is armed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ups.config import FaultConfig
+from ups.config.schema import FaultPoint
 from ups.log import get_logger
 
 ENV_VAR = "UPS_FAULTS"
@@ -25,19 +28,21 @@ log = get_logger("faults")
 
 
 def parse_faults(text: str) -> list[FaultConfig]:
-    """Parse ``kind@rank:step[,kind@rank:step...]``. Raises ValueError naming the bad item."""
+    """Parse ``kind@rank:step[:point][,...]``. Raises ValueError naming the bad item."""
     faults = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         try:
             kind, _, where = item.partition("@")
-            rank, _, step = where.partition(":")
-            faults.append(
-                FaultConfig.model_validate({"kind": kind, "rank": int(rank), "step": int(step)})
-            )
+            rank, step, *point = where.split(":")
+            fields = {"kind": kind, "rank": int(rank), "step": int(step)}
+            if point:
+                fields["point"] = point[0] if len(point) == 1 else ":".join(point)
+            faults.append(FaultConfig.model_validate(fields))
         except ValueError as exc:
             raise ValueError(
-                f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step with kind one of "
-                f"oom, exception, segfault, hang, sigterm, sigkill, slow_save ({exc})"
+                f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
+                f"one of oom, exception, segfault, hang, sigterm, sigkill, slow_save, nan and "
+                f"point one of start, forward, backward, pack, clip, optimizer, scheduler ({exc})"
             ) from None
     return faults
 
@@ -47,7 +52,7 @@ SLOW_SAVE_S = 35.0
 
 
 class FaultInjector:
-    """Fires this rank's configured faults at the start of their step."""
+    """Fires this rank's configured faults at their step and point."""
 
     def __init__(self, faults: Sequence[FaultConfig], rank: int, *, under_torchrun: bool) -> None:
         mine = [f for f in faults if f.rank == rank]
@@ -57,11 +62,13 @@ class FaultInjector:
             # replays the same steps and must be able to get past them.
             log.warning("faults_disarmed", attempt=attempt, faults=len(mine))
             mine = []
-        self.faults = {f.step: f for f in mine if f.kind != "slow_save"}
+        self.faults = {(f.step, f.point): f for f in mine if f.kind != "slow_save"}
         self.slow_save_from = min((f.step for f in mine if f.kind == "slow_save"), default=None)
         self.under_torchrun = under_torchrun
         for f in mine:
-            log.warning("fault_armed", kind=f.kind, fault_rank=f.rank, fault_step=f.step)
+            log.warning(
+                "fault_armed", kind=f.kind, fault_rank=f.rank, fault_step=f.step, point=f.point
+            )
 
     def before_save(self, step: int) -> None:
         """Called as a checkpoint of ``step`` is about to be written."""
@@ -69,13 +76,25 @@ class FaultInjector:
             log.warning("fault_injected", kind="slow_save", step=step, delay_s=SLOW_SAVE_S)
             time.sleep(SLOW_SAVE_S)
 
-    def fire(self, step: int) -> None:
-        fault = self.faults.pop(step, None)
-        if fault is None:
+    def corrupt(self, step: int, losses: torch.Tensor) -> torch.Tensor:
+        """``losses`` made NaN when a ``nan`` fault is armed for this step, else unchanged."""
+        fault = self.faults.get((step, "start"))
+        if fault is None or fault.kind != "nan":
+            return losses
+        del self.faults[(step, "start")]
+        log.warning("fault_injected", kind=fault.kind, step=step, point="loss")
+        return losses * float("nan")
+
+    def fire(self, step: int, point: FaultPoint = "start") -> None:
+        if not self.faults:
             return
-        log.warning("fault_injected", kind=fault.kind, step=step)
+        fault = self.faults.get((step, point))
+        if fault is None or fault.kind == "nan":  # nan acts in corrupt(), on the loss
+            return
+        del self.faults[(step, point)]
+        log.warning("fault_injected", kind=fault.kind, step=step, point=point)
         if fault.kind == "oom":
-            raise torch.OutOfMemoryError(f"injected out-of-memory fault at step {step}")
+            raise torch.OutOfMemoryError(f"injected out-of-memory fault at step {step} ({point})")
         if fault.kind == "exception":
             raise RuntimeError(f"injected exception fault at step {step}")
         if fault.kind == "segfault":

@@ -1,4 +1,27 @@
-"""The training loop: local work in a ``try``, then one agreement every rank joins."""
+"""The training loop: each step's fallible work sits before one of two agreements.
+
+A step, on every rank, on every path::
+
+    forward, backward, pack gradients  (guarded: OOM -> a flag; NaN/inf -> a flag)
+    heartbeat; agree_local              (OOM, non-finite, rank 0's failed save, SIGTERM)
+    -- only if every rank is clean --
+    gradient all-reduce (in the flat buffer allocated at start)
+    unpack, clip, optimizer, scheduler (guarded: OOM -> a status)
+    agree_update                       (DONE / OOM before the optimizer / OOM inside it)
+
+Why two points and pre-allocation rather than one point: the all-reduce must come
+after the first agreement (a rank that failed has no gradients to send), and the update
+needs the all-reduce's result, so an OOM in the update can only be agreed at a second
+point. What can be allocated once is allocated at start so it cannot fail later: the
+flat gradient buffer (``GradBuffer``) and AdamW's state (``materialize_optimizer_state``).
+After a partial OOM inside the optimizer step a replica is in an unknown state; it is
+repaired by copying a rank whose update completed (in place: no memory needed), since
+undoing the update would need a second copy of the optimizer state.
+
+Non-finite averaged gradients need no check of their own: every rank's local gradients
+were checked before the all-reduce, and the average of finite values is finite (an
+overflowing norm makes ``clip_grad_norm_`` scale by zero, never by NaN).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +34,24 @@ from typing import Any, Literal
 
 import structlog
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from ups.config import Config
-from ups.distributed.agreement import StepVerdict, agree, average_gradients, heartbeat
+from ups.distributed.agreement import (
+    LocalVerdict,
+    Update,
+    agree_local,
+    agree_update,
+    broadcast_replica,
+    heartbeat,
+)
 from ups.distributed.env import DistEnv
+from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.lifecycle import set_collective_timeout
-from ups.train.checkpoint import save_checkpoint
+from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
+from ups.train.checkpoint import CheckpointSaveFailed, save_checkpoint
+from ups.train.failures import RunFailed, TooManySkips, nonfinite_failure
 from ups.train.faults import FaultInjector
 from ups.train.metrics import rel_l2
 from ups.train.signals import StopFlag
@@ -25,10 +59,6 @@ from ups.train.tracking import Tracker
 
 log = structlog.get_logger()
 Batch = dict[str, tuple[Tensor, Tensor, Tensor]]
-
-
-class TooManySkips(RuntimeError):
-    """Consecutive steps were skipped for out-of-memory past ``training.max_consecutive_skips``."""
 
 
 @dataclass(kw_only=True)
@@ -70,6 +100,30 @@ def lr_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def materialize_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate the optimizer's state now, so no later step can run out of memory there.
+
+    AdamW allocates ``exp_avg``/``exp_avg_sq`` lazily in its first ``step()``. One step
+    with ``lr=0`` on zero gradients allocates them and changes no parameter (AdamW's
+    update is ``p *= 1 - lr*wd; p -= lr * ...``); the step counters are then reset, so the
+    first real step sees exactly the state a fresh optimizer would create.
+    """
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    for p in params:
+        p.grad = None
+        counter = optimizer.state[p].get("step")
+        if isinstance(counter, Tensor):
+            counter.zero_()
+
+
 class Trainer:
     """Runs steps until done or told to stop; owns nothing but the loop."""
 
@@ -99,10 +153,17 @@ class Trainer:
         self.latents = latents
         """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.tasks = [t.name for t in cfg.tasks]
         self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
         self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
         """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
+        self.grads = GradBuffer(self.params, n_extras=len(self.tasks))
+        materialize_optimizer_state(optimizer)
+        self.save_error: CheckpointSaveFailed | None = None
+        """Rank 0's last failed save, reported at the next agreement."""
+        self._tight_timeout = False
+        """The collective timeout is tightened after this attempt's first step."""
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a resumed run needs: model, optimizer, schedule, counters, CPU RNG."""
@@ -116,17 +177,40 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
-        """Rank 0 writes a checkpoint of the current state; other ranks return None."""
+        """Rank 0 writes a checkpoint of the current state; other ranks return None.
+
+        A failed write is kept in ``save_error`` (not raised): the other ranks learn of it
+        at the next agreement, and every rank stops there together.
+        """
         if not self.env.is_rank0:
             return None
         self.injector.before_save(self.state.step)
-        path = save_checkpoint(
-            self.checkpoint_dir,
-            self.state.step,
-            self.checkpoint_state(),
-            self.cfg.checkpoint.keep_last,
-        )
+        try:
+            path = save_checkpoint(
+                self.checkpoint_dir,
+                self.state.step,
+                self.checkpoint_state(),
+                self.cfg.checkpoint.keep_last,
+            )
+        except CheckpointSaveFailed as exc:
+            self.save_error = exc
+            log.error(
+                "checkpoint_save_failed",
+                path=str(exc.path),
+                needed=exc.needed,
+                free=exc.free,
+                error=str(exc.cause),
+            )
+            return None
         log.info("checkpoint_saved", path=str(path), step=self.state.step)
+        return path
+
+    def final_checkpoint(self) -> Path | None:
+        """Save at the end (finished or preempted) and agree that the save worked."""
+        path = self.save()
+        verdict = self._agree(oom=False, nonfinite=False, losses=None)
+        if verdict.save_failed:
+            raise self._save_failure()
         return path
 
     def run(self) -> Literal["finished", "preempted"]:
@@ -151,9 +235,10 @@ class Trainer:
                     self.save()
         return "finished"
 
-    def train_step(self, batch: Batch, epoch: int) -> StepVerdict:
-        """One step on every rank: local forward/backward, then one agreement all ranks
-        join (skip on any rank's out-of-memory, stop on a signal), then the update.
+    def train_step(self, batch: Batch, epoch: int) -> LocalVerdict:
+        """One step on every rank: local forward/backward, then the agreements every rank
+        joins (skip or stop on any rank's out-of-memory, non-finite loss, failed save or
+        signal), then the update.
 
         Returns the agreed verdict; ``state.step`` has advanced either way.
         """
@@ -161,45 +246,60 @@ class Trainer:
         structlog.contextvars.bind_contextvars(step=step)
         oom_reason = None
         losses: Tensor | None = None
+        nonfinite: Tensor | bool = False
         if self.cfg.training.record_sample_ids:
             log.debug("batch_ids", ids={t: idx.tolist() for t, (_, _, idx) in batch.items()})
         try:
             self.injector.fire(step)
-            losses = self._forward_backward(batch)
+            losses = self._forward_backward(batch, step)
+            self.injector.fire(step, "pack")
+            nonfinite = self.grads.pack(losses.detach())
         except torch.OutOfMemoryError as exc:
             # Local clean-up only: the other ranks learn about it at the agreement below.
             oom_reason = str(exc).splitlines()[0]
-            losses = None
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
+            losses, nonfinite = None, False
+            self._free_memory()
         heartbeat(self.env.rank, step)
-        verdict = agree(
-            oom=oom_reason is not None,
+        verdict = self._agree(oom=oom_reason is not None, nonfinite=nonfinite, losses=losses)
+        if verdict.save_failed:
+            raise self._save_failure()
+        if verdict.nonfinite_ranks and self.cfg.training.nonfinite == "fail":
+            raise nonfinite_failure(
+                step,
+                verdict.nonfinite_ranks,
+                verdict.losses,
+                self.tasks,
+                lr=self.cfg.training.lr,
+                grad_clip=self.cfg.training.grad_clip,
+            )
+        if verdict.clean:
+            self.grads.all_reduce_mean(self.env.world_size)
+            self._apply_update(batch, epoch, started)
+        else:
+            self._skip(verdict, oom_reason)
+        self.optimizer.zero_grad(set_to_none=True)
+        if not self._tight_timeout:
+            # The first step of every attempt (fresh or resumed) may be slow; later ones not.
+            set_collective_timeout(self.cfg.distributed.collective_timeout_s)
+            self._tight_timeout = True
+        self.state.step += 1
+        return verdict
+
+    def _agree(self, *, oom: bool, nonfinite: Tensor | bool, losses: Tensor | None) -> LocalVerdict:
+        return agree_local(
+            oom=oom,
+            nonfinite=nonfinite,
+            losses=losses,
+            n_tasks=len(self.tasks),
+            save_failed=self.save_error is not None,
             stop=self.stop.is_set(),
             rank=self.env.rank,
             world_size=self.env.world_size,
             device=self.device,
         )
-        if verdict.skip:
-            self._skip(verdict, oom_reason)
-        else:
-            assert losses is not None  # nobody ran out of memory, so every rank has losses
-            mean_losses = average_gradients(self.params, losses.detach(), self.env.world_size)
-            if self.cfg.training.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.updates += 1
-            self.state.consecutive_skips = 0
-            self._log_progress(batch, mean_losses, epoch, time.perf_counter() - started)
-        if step == 0:
-            set_collective_timeout(self.cfg.distributed.collective_timeout_s)
-        self.state.step += 1
-        return verdict
 
-    def _forward_backward(self, batch: Batch) -> Tensor:
+    def _forward_backward(self, batch: Batch, step: int) -> Tensor:
+        self.injector.fire(step, "forward")
         inputs = {task: x.to(self.device) for task, (x, _, _) in batch.items()}
         latents = None
         if self.latents is not None:
@@ -210,26 +310,129 @@ class Trainer:
             losses = torch.stack(
                 [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
             )
+            losses = self.injector.corrupt(step, losses)
             loss = (self.weights * losses).sum() / self.weights.sum()
+            self.injector.fire(step, "backward")
             loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
         return losses
 
-    def _skip(self, verdict: StepVerdict, reason: str | None) -> None:
+    def _update(self, step: int) -> tuple[Update, Tensor | None]:
+        """Unpack, clip, optimizer and scheduler step; an OOM becomes a status, not a raise."""
+        in_step = False
+        try:
+            self.injector.fire(step, "clip")
+            mean_losses = self.grads.unpack()
+            if self.cfg.training.grad_clip > 0:
+                nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
+            in_step = True
+            self.injector.fire(step, "optimizer")
+            self.optimizer.step()
+            self.injector.fire(step, "scheduler")
+            self.scheduler.step()
+        except torch.OutOfMemoryError as exc:
+            log.warning("update_oom", error=str(exc).splitlines()[0], in_optimizer=in_step)
+            self._free_memory()
+            return (Update.OOM_IN_STEP if in_step else Update.OOM_BEFORE_STEP), None
+        return Update.DONE, mean_losses
+
+    def _apply_update(self, batch: Batch, epoch: int, started: float) -> None:
+        status, mean_losses = self._update(self.state.step)
+        verdict = agree_update(
+            status, rank=self.env.rank, world_size=self.env.world_size, device=self.device
+        )
+        if verdict.applied:
+            assert mean_losses is not None  # this rank's update completed
+            self.state.updates += 1
+            self.state.consecutive_skips = 0
+            self._log_progress(batch, mean_losses, epoch, time.perf_counter() - started)
+            return
+        oom_ranks = verdict.ranks(Update.OOM_BEFORE_STEP, Update.OOM_IN_STEP)
+        source = verdict.source
+        if source is not None:
+            broadcast_replica(self.params, self.optimizer, source)
+            self._sync_scheduler(source)
+            self.state.updates += 1
+            self.state.consecutive_skips = 0
+            log.warning("update_repaired", oom_ranks=oom_ranks, source_rank=source)
+            return
+        if verdict.ranks(Update.OOM_IN_STEP):
+            raise RunFailed(
+                f"out of memory inside the optimizer step on every rank at step "
+                f"{self.state.step}: the replicas are partly updated and cannot be trusted. "
+                "Lower training.batch_size or the model size, then start again (with "
+                "--allow-resume-change to keep the last checkpoint)",
+                exit_code=EXIT_FAILED,
+                cause="oom_in_step",
+                failed_rank=oom_ranks[0],
+            )
+        self._count_skip(
+            f"out of memory before the optimizer step on rank(s) {oom_ranks}",
+            oom_ranks=oom_ranks,
+            nonfinite_ranks=[],
+        )
+
+    def _sync_scheduler(self, source: int) -> None:
+        state: list[Any] = [self.scheduler.state_dict()]
+        dist.broadcast_object_list(state, src=source)
+        self.scheduler.load_state_dict(state[0])
+        for group, lr in zip(
+            self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True
+        ):
+            group["lr"] = lr
+
+    def _free_memory(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _save_failure(self) -> RunFailed:
+        if self.save_error is not None:
+            return RunFailed(
+                self.save_error.reason(),
+                exit_code=EXIT_SAVE_FAILED,
+                cause="save_failed",
+                failed_rank=0,
+            )
+        return RunFailed(
+            "rank 0 could not write a checkpoint (its log and outcome.json say why)",
+            exit_code=EXIT_SAVE_FAILED,
+            cause="save_failed",
+            failed_rank=0,
+        )
+
+    def _skip(self, verdict: LocalVerdict, reason: str | None) -> None:
+        causes = []
+        if verdict.oom_ranks:
+            causes.append(reason or f"out of memory on rank(s) {list(verdict.oom_ranks)}")
+        if verdict.nonfinite_ranks:
+            causes.append(f"non-finite loss or gradient on rank(s) {list(verdict.nonfinite_ranks)}")
+        self._count_skip(
+            "; ".join(causes),
+            oom_ranks=list(verdict.oom_ranks),
+            nonfinite_ranks=list(verdict.nonfinite_ranks),
+        )
+
+    def _count_skip(self, reason: str, *, oom_ranks: list[int], nonfinite_ranks: list[int]) -> None:
         self.state.skipped += 1
         self.state.consecutive_skips += 1
         log.warning(
             "step_skipped",
-            oom_ranks=list(verdict.oom_ranks),
-            reason=reason or f"out of memory on rank(s) {list(verdict.oom_ranks)}",
+            oom_ranks=oom_ranks,
+            nonfinite_ranks=nonfinite_ranks,
+            reason=reason,
             consecutive=self.state.consecutive_skips,
         )
         if self.state.consecutive_skips >= self.cfg.training.max_consecutive_skips:
+            what = "out-of-memory" if oom_ranks else "non-finite loss or gradient"
+            fix = (
+                "lower training.batch_size or the model size"
+                if oom_ranks
+                else "lower training.lr and set training.grad_clip"
+            )
             raise TooManySkips(
-                f"{self.state.consecutive_skips} consecutive steps skipped for out-of-memory on "
-                f"rank(s) {list(verdict.oom_ranks)} (limit training.max_consecutive_skips="
-                f"{self.cfg.training.max_consecutive_skips}); lower training.batch_size or the "
-                "model size"
+                f"{self.state.consecutive_skips} consecutive steps skipped for {what} on "
+                f"rank(s) {oom_ranks or nonfinite_ranks} (limit training.max_consecutive_skips="
+                f"{self.cfg.training.max_consecutive_skips}); {fix}"
             )
 
     def _log_progress(self, batch: Batch, losses: Tensor, epoch: int, seconds: float) -> None:

@@ -17,13 +17,14 @@ from torch.nn.parallel import DistributedDataParallel
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
-from ups.distributed.agreement import stuck_ranks
+from ups.distributed.agreement import publish_whereabouts, stuck_ranks
 from ups.distributed.env import DistEnv
 from ups.distributed.lifecycle import (
     init_distributed,
     set_collective_timeout,
     shutdown_distributed,
 )
+from ups.distributed.stacks import dump_stack_of, enable_stack_dumps
 from ups.fsio import atomic_write_text
 from ups.log import setup_logging
 from ups.model import LatentOperator, TaskShape, build_model
@@ -39,8 +40,9 @@ from ups.rundir import mark_latest, resolve_run_id
 from ups.train.cache import load_cache
 from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
+from ups.train.failures import RunFailed, nonfinite_metrics
 from ups.train.faults import FaultInjector
-from ups.train.loop import TooManySkips, Trainer, TrainState, lr_schedule, total_steps
+from ups.train.loop import Trainer, TrainState, lr_schedule, total_steps
 from ups.train.metrics import mean_target, output_scale
 from ups.train.resume import (
     FACTS_KEY,
@@ -157,6 +159,8 @@ def _open_run_dir(cfg: Config, env: DistEnv, run_id: str) -> Path:
     assert log_path is not None
     _fault_log = log_path.open("a")
     faulthandler.enable(file=_fault_log, all_threads=True)
+    enable_stack_dumps(_fault_log)  # a peer that sees this rank hang asks for its stacks
+    publish_whereabouts(env.rank)
     if env.is_rank0:
         _keep_config(run_dir, cfg)
         mark_latest(cfg.run.output_dir, run_dir)
@@ -228,8 +232,8 @@ def _failure(
     text = f"{type(exc).__name__}: {exc}".splitlines()[0].split(". ")[0][:300]
     reason = f"rank {env.rank} failed at step {step}: {text}"
     cause = "exception"
-    if isinstance(exc, TooManySkips):
-        reason, cause = str(exc), "too_many_oom_skips"
+    if isinstance(exc, RunFailed):
+        reason, failed_rank, cause = exc.reason, exc.failed_rank, exc.cause
     elif isinstance(exc, dist.DistError) or "gloo" in text.lower() or "nccl" in text.lower():
         stuck = stuck_ranks(env.world_size, step or 0)
         failed_rank = stuck[0] if stuck else None
@@ -237,6 +241,14 @@ def _failure(
         if "timed out" in text.lower() or "timeout" in text.lower():
             cause = "hang"
             who = f"rank(s) {stuck} never reached step {step}" if stuck else "a peer did not arrive"
+            if stuck:
+                log_path = cfg.run.output_dir / run_id / "logs" / f"rank{stuck[0]}.jsonl"
+                where = dump_stack_of(stuck[0], log_path)
+                who += (
+                    f"; rank {stuck[0]} was at {where} (all its threads' stacks are in its log)"
+                    if where
+                    else f"; rank {stuck[0]}'s stack could not be captured (another host?)"
+                )
             reason = (
                 f"collective timed out after distributed.collective_timeout_s="
                 f"{cfg.distributed.collective_timeout_s:g}s at step {step}: {who} (hung); "
@@ -247,7 +259,7 @@ def _failure(
     return Outcome(
         run_id=run_id,
         outcome="failed",
-        exit_code=EXIT_FAILED,
+        exit_code=exc.exit_code if isinstance(exc, RunFailed) else EXIT_FAILED,
         reason=reason,
         step=step,
         world_size=env.world_size,
@@ -261,7 +273,10 @@ def _failure(
 
 def _finish(outcome: Outcome, env: DistEnv, run_dir: Path | None, tracker: Tracker) -> None:
     if env.is_rank0 and run_dir is not None:
-        write_outcome(run_dir, outcome)
+        try:
+            write_outcome(run_dir, outcome)
+        except OSError as exc:  # e.g. the disk that just filled up: the console still says it
+            log.error("outcome_not_written", path=str(run_dir / "outcome.json"), error=str(exc))
     tracker.finish(outcome.exit_code)
     level = {"finished": "info", "preempted": "warning", "failed": "error"}[outcome.outcome]
     getattr(log, level)(
@@ -328,13 +343,13 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         model = trainer.model.module
         log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
         progress.enter("final_save")
-        # The other ranks wait in the barrier below while rank 0 writes: a preemption save
-        # may take the whole grace, longer than the tight collective timeout.
+        # The other ranks wait at the save's agreement while rank 0 writes: a preemption
+        # save may take the whole grace, longer than the tight collective timeout.
         set_collective_timeout(
             max(cfg.distributed.collective_timeout_s, cfg.distributed.stop_grace_s)
         )
-        checkpoint = trainer.save()
-        dist.barrier()  # every rank reached the end (or the stop) and the checkpoint is on disk
+        # Every rank reached the end (or the stop) and agrees the checkpoint is on disk.
+        checkpoint = trainer.final_checkpoint()
         if result == "preempted":
             outcome = Outcome(
                 run_id=run_id,
@@ -354,6 +369,8 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         metrics = evaluate(model, cfg, infos, env, device)
         tracker.summary(metrics)
         log.info("eval", **metrics)
+        if (bad := nonfinite_metrics(metrics)) is not None:
+            raise bad  # every rank holds the same reduced metrics, so every rank raises
         dist.barrier()
         outcome = Outcome(
             run_id=run_id,
@@ -378,6 +395,13 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         _finish(progress.stamp(refused), env, run_dir, tracker)
         shutdown_distributed()
         return EXIT_CONFIG
+    except RunFailed as exc:
+        # Agreed by every rank at the same point: a clean exit with its code, no traceback.
+        step = trainer.state.step if trainer is not None else None
+        log.error("run_failed", error=exc.reason, exit_code=exc.exit_code)
+        _finish(_failure(exc, cfg, env, step, run_id), env, run_dir, tracker)
+        shutdown_distributed()
+        return exc.exit_code
     except BaseException as exc:
         step = trainer.state.step if trainer is not None else None
         log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,99 @@
+"""Pure pieces of the fault runtime (issue 9), checked against real inputs: a real
+faulthandler dump from a stuck process, the launch plan's GPU env, fault specs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ups.distributed.stacks import DUMP_SIGNAL, parse_dump, where_stuck
+from ups.launch.plan import LaunchRequest, build_plan
+from ups.outcome import EXIT_NONFINITE
+from ups.train.failures import nonfinite_metrics
+from ups.train.faults import parse_faults
+
+STUCK = """
+import sys, threading, time
+from ups.distributed.stacks import enable_stack_dumps
+log = open(sys.argv[1], "a")
+enable_stack_dumps(log)
+log.write('{"event": "a json line before the dump"}\\n'); log.flush()
+threading.Thread(target=lambda: time.sleep(600), daemon=True).start()
+def stuck_here():
+    print("ready", flush=True)
+    time.sleep(600)
+stuck_here()
+"""
+
+
+def test_a_stuck_process_dump_names_its_main_thread_frame(tmp_path: Path) -> None:
+    """SIGUSR1 makes a stuck process write every thread's stack into its log; the parser
+    names the main thread's innermost frame (file:line in function), not the helper's."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    log = tmp_path / "rank1.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(log)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # let it enter time.sleep in stuck_here
+        proc.send_signal(DUMP_SIGNAL)
+        deadline = time.monotonic() + 20
+        threads = []
+        while time.monotonic() < deadline and len(threads) < 2:
+            time.sleep(0.2)
+            threads = parse_dump(log.read_text())
+        assert len(threads) == 2, log.read_text()
+        assert proc.poll() is None  # the dump does not kill it (chain=False, no default action)
+        where = where_stuck(threads)
+        assert where is not None and where.startswith(f"{script}:10 in stuck_here"), where
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_gpu_workers_get_the_nccl_flight_recorder(tmp_path: Path) -> None:
+    """On a GPU host the workers' env turns on the NCCL flight recorder, dumping into the
+    run directory; a CPU host gets none of it; a user's own setting wins."""
+    req = LaunchRequest(script="train.py", output_dir=str(tmp_path), run_id="r1")
+    gpu = build_plan(req, None, gpu_count=2, pick_port=lambda p: p, environ={}).env
+    assert gpu["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert gpu["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
+    assert int(gpu["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert gpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path / 'r1'}/nccl_trace/rank_"
+    cpu = build_plan(req, None, gpu_count=0, pick_port=lambda p: p, environ={}).env
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in cpu
+    own = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "50"}
+    assert (
+        build_plan(req, None, gpu_count=1, pick_port=lambda p: p, environ=own).env[
+            "TORCH_NCCL_TRACE_BUFFER_SIZE"
+        ]
+        == "50"
+    )
+
+
+def test_fault_specs_name_a_point_in_the_step() -> None:
+    """UPS_FAULTS=kind@rank:step[:point]; a wrong point is named with the allowed ones."""
+    faults = parse_faults("oom@1:3:optimizer,nan@0:2,hang@1:4")
+    assert [(f.kind, f.rank, f.step, f.point) for f in faults] == [
+        ("oom", 1, 3, "optimizer"),
+        ("nan", 0, 2, "start"),
+        ("hang", 1, 4, "start"),
+    ]
+    with pytest.raises(ValueError, match="point one of start, forward, backward, pack"):
+        parse_faults("oom@1:3:elsewhere")
+
+
+def test_a_nonfinite_eval_metric_is_a_failure_not_a_finish() -> None:
+    """A NaN or inf evaluation metric makes the run fail with the non-finite exit code,
+    naming each bad metric; finite metrics pass."""
+    assert nonfinite_metrics({"eval/a/rel_l2": 0.1, "eval/a/samples": 20.0}) is None
+    failed = nonfinite_metrics({"eval/a/rel_l2": float("nan"), "eval/b/rel_l2": float("inf")})
+    assert failed is not None and failed.exit_code == EXIT_NONFINITE
+    assert "eval/a/rel_l2=nan" in failed.reason and "eval/b/rel_l2=inf" in failed.reason
+    assert "training.lr" in failed.reason
