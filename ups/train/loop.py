@@ -205,10 +205,21 @@ class Trainer:
         log.info("checkpoint_saved", path=str(path), step=self.state.step)
         return path
 
-    def final_checkpoint(self) -> Path | None:
-        """Save at the end (finished or preempted) and agree that the save worked."""
+    def checkpoint(self) -> Path | None:
+        """Every rank: rank 0 saves, then all agree that the save worked (or stop together).
+
+        The other ranks wait in that agreement while rank 0 writes, so it runs under the
+        save window (``max(collective_timeout_s, stop_grace_s)``), not the tight per-step
+        timeout: a large checkpoint on a slow disk is not a hang. Used for the periodic
+        saves and the final (finished or preempted) one alike.
+        """
+        structlog.contextvars.bind_contextvars(step=self.state.step)
+        dist_cfg = self.cfg.distributed
+        set_collective_timeout(max(dist_cfg.collective_timeout_s, dist_cfg.stop_grace_s))
         path = self.save()
         verdict = self._agree(oom=False, nonfinite=False, losses=None)
+        if self._tight_timeout:
+            set_collective_timeout(dist_cfg.collective_timeout_s)
         if verdict.save_failed:
             raise self._save_failure()
         return path
@@ -232,7 +243,7 @@ class Trainer:
                 if self.state.step >= self.total_steps:
                     break
                 if self.state.step % self.cfg.checkpoint.every_steps == 0:
-                    self.save()
+                    self.checkpoint()
         return "finished"
 
     def train_step(self, batch: Batch, epoch: int) -> LocalVerdict:

@@ -21,7 +21,6 @@ from ups.distributed.agreement import publish_whereabouts, stuck_ranks
 from ups.distributed.env import DistEnv
 from ups.distributed.lifecycle import (
     init_distributed,
-    set_collective_timeout,
     shutdown_distributed,
 )
 from ups.distributed.stacks import dump_stack_of, enable_stack_dumps
@@ -343,13 +342,8 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         model = trainer.model.module
         log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
         progress.enter("final_save")
-        # The other ranks wait at the save's agreement while rank 0 writes: a preemption
-        # save may take the whole grace, longer than the tight collective timeout.
-        set_collective_timeout(
-            max(cfg.distributed.collective_timeout_s, cfg.distributed.stop_grace_s)
-        )
         # Every rank reached the end (or the stop) and agrees the checkpoint is on disk.
-        checkpoint = trainer.final_checkpoint()
+        checkpoint = trainer.checkpoint()
         if result == "preempted":
             outcome = Outcome(
                 run_id=run_id,
