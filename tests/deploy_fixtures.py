@@ -197,7 +197,9 @@ def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None
     cfg["training"]["max_steps"] = max_steps
     cfg["training"]["log_every"] = 5
     cfg["checkpoint"]["every_steps"] = 10
-    cfg["wandb"]["mode"] = "disabled"
+    # W&B as users run it without a key: offline, writing its files (and its links) into
+    # the run directory. Never "disabled": fetch must cope with what W&B writes.
+    cfg["wandb"]["mode"] = "offline"
     # Other suites on this machine use 29500; a free port keeps runs from colliding.
     cfg["distributed"]["master_port"] = free_port()
     for key, value in (extra or {}).items():

@@ -11,9 +11,8 @@ import yaml
 from tests.deploy_fixtures import REPO, demo_config, fab
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import get_host
-from ups.deploy.plan import build_plan, script_for
-from ups.deploy.remote import RemoteRun, run_script
-from ups.deploy.stream import follow_command
+from ups.deploy.plan import build_plan, load_run_config, script_for
+from ups.deploy.remote import RemoteRun, follow_command, run_script
 
 
 def _hosts(tmp_path: Path, **entry: object) -> Path:
@@ -49,7 +48,8 @@ def test_plan_shows_steps_and_never_secret_values(tmp_path: Path) -> None:
     """The plan lists preflight, detached start and follow; secrets appear by name only."""
     spec, _ = get_host("vast", _hosts(tmp_path))
     config = demo_config(tmp_path / "c.yaml")
-    plan = build_plan(spec, config, run_id="r1", env={"WANDB_API_KEY": "sekret-123"})
+    cfg = load_run_config(config, [])
+    plan = build_plan(spec, config, cfg=cfg, run_id="r1", env={"WANDB_API_KEY": "sekret-123"})
     text = plan.render() + plan.to_json() + script_for(plan, None)
     assert "sekret-123" not in text
     assert plan.secrets == ["WANDB_API_KEY"]

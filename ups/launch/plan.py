@@ -15,6 +15,7 @@ from pathlib import Path
 from ups import jsonio
 from ups.config import Config
 from ups.rundir import resolve_run_id
+from ups.runid import run_id_problem
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -67,6 +68,8 @@ class LaunchRequest:
                 split_endpoint(self.rdzv_endpoint)
             except ValueError as exc:
                 problems.append(str(exc))
+        if self.run_id is not None and (problem := run_id_problem(self.run_id)):
+            problems.append(f"--run-id: {problem}")
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
         if problems:
