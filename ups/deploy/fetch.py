@@ -100,6 +100,8 @@ def _copy_link_target(
         info = sftp.stat(remote_target)
     except OSError:
         return f"skipped link {name} -> {link}: the target does not exist on the host"
+    if info.st_mode is not None and stat.S_ISDIR(info.st_mode):
+        return f"skipped link {name} -> {link}: a directory (fetched where it really is, if inside)"
     if info.st_mode is None or not stat.S_ISREG(info.st_mode):
         return f"skipped link {name} -> {link}: the target is not a regular file"
     local.parent.mkdir(parents=True, exist_ok=True)

@@ -83,8 +83,10 @@ class DeployPlan:
             f"  config:   {self.config} -> {self.remote.state('config.yaml')}",
             f"  run dir:  {self.remote.run_dir}",
             f"  secrets:  {', '.join(self.secrets) or '(none)'} (0600 file, never on argv)",
-            "  steps:",
         ]
+        if self.launch_argv:
+            lines.append(f"  launch:   {rc.argv(*self.launch_argv)} (in run.sh)")
+        lines.append("  steps:")
         for i, step in enumerate(self.steps, 1):
             lines.append(f"    {i}. {step.name}: {step.detail}")
             if step.command:
