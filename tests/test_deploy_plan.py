@@ -102,3 +102,27 @@ def test_fab_unknown_host_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "unknown host 'typo'" in result.stderr
     assert "vast" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["container", "docker"])
+def test_every_planned_command_is_valid_shell(tmp_path: Path, kind: str) -> None:
+    """Each step command `--dry-run` shows (the exact text deploy runs) parses in sh, and
+    the run id appears in it only as a quoted word or inside quoted paths."""
+    from ups.deploy.docker_kind import build_docker_plan
+
+    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, docker_host="unix:///x y.sock"))
+    config = demo_config(tmp_path / "c.yaml")
+    cfg = load_run_config(config, ["training.max_steps=5"])
+    if kind == "docker":
+        plan = build_docker_plan(
+            spec, config, cfg=cfg, run_id="r.1", follow=True, skip_preflight=False, env={}
+        )
+    else:
+        plan = build_plan(spec, config, cfg=cfg, run_id="r.1", overrides=["training.max_steps=5"])
+    commands = [s.command for s in plan.steps if s.command]
+    assert len(commands) >= 2
+    for command in commands:
+        subprocess.run(["sh", "-n", "-c", command], check=True, timeout=10)
+        assert command in plan.render()
+    if kind == "docker":
+        assert "'DOCKER_HOST=unix:///x y.sock'" in plan.render()

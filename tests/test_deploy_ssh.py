@@ -147,7 +147,8 @@ def test_deploy_streams_to_completion_across_drops(
     assert (offline / "run-e2e.wandb").stat().st_size > 0
     core = offline / "logs" / "debug-core.log"
     assert core.is_file() and not core.is_symlink()
-    assert "debug-core.log is a link to /" in fetched.stdout
+    assert "copied the file behind link wandb/offline-run-" in fetched.stdout
+    assert "logs/debug-core.log -> /" in fetched.stdout
     assert list((dest / "e2e" / "checkpoints").glob("step_*.pt"))
     assert (dest / "e2e" / "logs" / "launch.log").read_bytes() == remote_log.read_bytes()
 

@@ -95,20 +95,21 @@ def _copy_link_target(
     """Copy a link's target file into the link's place; return the one-line note."""
     remote_target = posixpath.normpath(posixpath.join(parent, posixpath.dirname(name), link))
     local = dest / name
+    name = name.split("/", 1)[-1]  # as seen from the run directory, in the notes
     sftp = conn.sftp()
     try:
         info = sftp.stat(remote_target)
     except OSError:
-        return f"skipped link {name} -> {link}: the target does not exist on the host"
+        return f"skipped link {name} -> {link}: its target is not on the host"
     if info.st_mode is not None and stat.S_ISDIR(info.st_mode):
-        return f"skipped link {name} -> {link}: a directory (fetched where it really is, if inside)"
+        return f"skipped link {name} -> {link}: links to a directory"
     if info.st_mode is None or not stat.S_ISREG(info.st_mode):
-        return f"skipped link {name} -> {link}: the target is not a regular file"
+        return f"skipped link {name} -> {link}: not a regular file"
     local.parent.mkdir(parents=True, exist_ok=True)
     sftp.get(remote_target, str(local))
     got.files += 1
     got.bytes += info.st_size or 0
-    return f"{name} is a link to {link}: copied the file it points to"
+    return f"copied the file behind link {name} -> {link}"
 
 
 class _CountingReader(io.RawIOBase):

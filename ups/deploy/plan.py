@@ -148,7 +148,9 @@ def build_plan(
         launch_argv += ["--rdzv-endpoint", node.rdzv_endpoint]
     # Deploy ran preflight already (the step below), before anything was started.
     launch_argv.append("--skip-preflight")
-    preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus) + sets
+    rdzv_host = node is not None and node.rank == 0
+    preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
+    preflight += sets
     steps = [
         Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
         Step("check-code", "compare remote ups/torch versions with this checkout's"),

@@ -226,9 +226,18 @@ def pip_install_command(ups_bin: str, wheel: str) -> str:
     )
 
 
-def preflight_argv(ups_bin: str, config: str | None, gpus: int) -> list[str]:
-    """``ups preflight`` as deploy runs it: the table once, no repeated JSON events."""
+def preflight_argv(
+    ups_bin: str, config: str | None, gpus: int, *, check_port: bool = True
+) -> list[str]:
+    """``ups preflight`` as deploy runs it: the table once, no repeated JSON events.
+
+    ``check_port=False`` leaves the master-port check out, as ``ups launch``'s own gate
+    does where the port is not this host's to hold: a single node moves to a free port
+    by itself, and only node 0 of a multi-host job binds the rendezvous port.
+    """
     words = [ups_bin, "preflight", "--events", "off"]
+    if not check_port:
+        words += ["--skip", "ports"]
     if config:
         words += ["--config", config]
     if gpus:
