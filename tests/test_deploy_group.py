@@ -61,7 +61,9 @@ def test_two_host_job_runs_across_namespaces(demo_data: Path, tmp_path: Path) ->
         assert "[node0 n0] started run pair1" in out and "[node1 n1] started run pair1" in out
         assert f"--rdzv-endpoint {hosts[0].address}:" in out  # node 0's own address
         assert "[node0 n0] run pair1:" in out and "[node1 n1] run pair1:" in out
-        assert "job pair1 on 2 hosts: exit 0" in out
+        last = out.strip().splitlines()[-1]
+        assert last.startswith("job pair1 on 2 hosts: exit 0 (node 0 n0: exit 0, node 1 n1: exit")
+        assert "rank 0: finished at step" in last
 
         run0 = hosts[0].ssh.root / "remote" / "runs" / "pair1"
         outcome = json.loads((run0 / "outcome.json").read_text())

@@ -126,3 +126,29 @@ def test_every_planned_command_is_valid_shell(tmp_path: Path, kind: str) -> None
         assert command in plan.render()
     if kind == "docker":
         assert "'DOCKER_HOST=unix:///x y.sock'" in plan.render()
+
+
+def test_deploy_package_has_no_import_cycle() -> None:
+    """The host kinds share ups.deploy.session/runs/follow and never import each other:
+    no module of ups/deploy imports one that (directly or not) imports it back."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for path in (REPO / "ups" / "deploy").glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ups.deploy":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ups.deploy."):
+                deps.add(str(node.module).split(".")[2])
+        graph[path.stem] = deps
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for dep in graph.get(start, set()) - seen:
+            if dep == goal or reaches(dep, goal, seen | {dep}):
+                return True
+        return False
+
+    cycles = [m for m in graph if m != "__init__" and reaches(m, m, set())]
+    assert cycles == []
+    assert "execute" not in graph["docker_kind"] and "docker_kind" not in graph["execute"]

@@ -168,26 +168,20 @@ def logs(target: Target, run_id: str | None, mirror: Path | None = None) -> int:
 
 
 def status(target: Target, run_id: str | None) -> int:
+    """Say whether the run is alive, how it ended, and its last event, rendered for people."""
     conn = target.connect()
     try:
         state = state_of(target, conn, resolve_run(target, conn, run_id))
-        last = rc.status_command(state.run)
-        fields = dict(
-            line.split("=", 1)
-            for line in run(conn, last, target.spec).stdout.splitlines()
-            if "=" in line
-        )
     finally:
         conn.close()
     alive = "running" if state.alive else "not running"
-    target.say(
-        f"run {state.run.run_id} on {target.spec.name}: {alive} (pid {fields.get('pid') or '?'})"
-    )
+    name = target.spec.name
+    target.say(f"run {state.run.run_id} on {name}: {alive} (pid {state.pid or '?'})")
     if state.outcome is not None:
         o = state.outcome
         target.say(f"  outcome: {o.outcome} (exit {o.exit_code}) at step {o.step}: {o.reason}")
-    if fields.get("last"):
-        target.say(f"  last event: {render_line(fields['last'], colors=target.out.isatty())}")
+    if state.last_line:
+        target.say(f"  last event: {render_line(state.last_line, colors=target.out.isatty())}")
     return 0
 
 

@@ -23,6 +23,7 @@ from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.follow import follow
 from ups.deploy.plan import DeployPlan, Node, build_plan
+from ups.deploy.runs import read_result
 from ups.deploy.session import Target
 from ups.outcome import EXIT_OK, EXIT_PREEMPTED
 from ups.runid import new_run_id
@@ -98,7 +99,24 @@ def deploy(targets: list[Target], plans: list[DeployPlan], *, env: dict[str, str
         [m.target for m in members],
         lambda i: follow(members[i].target, members[i].plan.remote, offset=members[i].offset),
     )
-    return summarize(members[0].target, head.run_id, [m.plan.host for m in members], codes)
+    rank0 = _rank0_outcome(members[0])
+    return summarize(members[0].target, head.run_id, [m.plan.host for m in members], codes, rank0)
+
+
+def _rank0_outcome(head: Member) -> str:
+    """Global rank 0's outcome (node 0's outcome.json), for the job's last line."""
+    target = Target(spec=head.target.spec, known_hosts=head.target.known_hosts, out=head.target.out)
+    try:
+        conn = target.connect()
+    except DeployError as err:
+        return f"rank 0's outcome unknown ({err})"
+    try:
+        _code, outcome = read_result(conn, head.plan.remote, target.spec)
+    finally:
+        conn.close()
+    if outcome is None:
+        return "rank 0 wrote no outcome.json"
+    return f"rank 0: {outcome.outcome} at step {outcome.step}: {outcome.reason}"
 
 
 def _prepare_all(members: list[Member], env: dict[str, str]) -> None:
@@ -155,12 +173,13 @@ def worst(codes: list[int]) -> int:
     return EXIT_PREEMPTED if EXIT_PREEMPTED in codes else EXIT_OK
 
 
-def summarize(out: Target, run_id: str, hosts: list[str], codes: list[int]) -> int:
+def summarize(out: Target, run_id: str, hosts: list[str], codes: list[int], rank0: str) -> int:
+    """The job's last line: the worst exit code, each node's, and rank 0's outcome."""
     code = worst(codes)
     per_node = ", ".join(
         f"node {i} {h}: exit {c}" for i, (h, c) in enumerate(zip(hosts, codes, strict=True))
     )
-    out.say(f"job {run_id} on {len(hosts)} hosts: exit {code} ({per_node}); rank 0 is on node 0")
+    out.say(f"job {run_id} on {len(hosts)} hosts: exit {code} ({per_node}); {rank0}")
     return code
 
 

@@ -27,6 +27,9 @@ class RunState:
     outcome: Outcome | None
     exit_code: int | None
     """The launcher's recorded exit code, once it ended."""
+    pid: str = ""
+    last_line: str = ""
+    """The last line of launch.log (a JSON event, usually)."""
 
     @property
     def finished(self) -> bool:
@@ -102,6 +105,8 @@ def state_of(target: Target, conn: Connection, found: rc.RemoteRun) -> RunState:
         alive=fields.get("alive") == "1",
         outcome=read_outcome(conn, found, spec),
         exit_code=int(code) if code.lstrip("-").isdigit() else None,
+        pid=fields.get("pid", ""),
+        last_line=fields.get("last", ""),
     )
 
 
