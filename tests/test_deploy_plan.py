@@ -152,3 +152,39 @@ def test_deploy_package_has_no_import_cycle() -> None:
     cycles = [m for m in graph if m != "__init__" and reaches(m, m, set())]
     assert cycles == []
     assert "execute" not in graph["docker_kind"] and "docker_kind" not in graph["execute"]
+
+
+def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:
+    """`fab deploy --host GROUP --dry-run` plans one `ups launch` per host, all with the
+    same run id and node 0's rendezvous address, node ranks in group order; only node 0
+    checks the rendezvous port; a docker host in the group is refused (exit 2)."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "a": {"host": "10.0.0.1", "workdir": "/w", "rdzv_address": "192.168.7.5"},
+                    "b": {"host": "10.0.0.2", "workdir": "/w"},
+                    "d": {"host": "10.0.0.3", "workdir": "/w", "kind": "docker"},
+                },
+                "groups": {"pair": ["b", "a"]},
+            }
+        )
+    )
+    config = demo_config(tmp_path / "c.yaml")
+    result = fab("deploy", "--host", "pair", "--hosts-file", str(hosts), "--config", str(config),
+                 "--run", "job1", "--dry-run", timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    launches = [line for line in result.stdout.splitlines() if "launch:   " in line]
+    assert len(launches) == 2
+    port = yaml.safe_load(config.read_text())["distributed"]["master_port"]
+    assert launches[0].startswith("[node0 b]") and "--node-rank 0" in launches[0]
+    assert launches[1].startswith("[node1 a]") and "--node-rank 1" in launches[1]
+    for line in launches:
+        assert "--run-id job1 --nnodes 2" in line
+        assert f"--rdzv-endpoint 10.0.0.2:{port}" in line  # node 0 is b, first in the group
+    checks = [line for line in result.stdout.splitlines() if "preflight --events off" in line]
+    assert "--skip ports" not in checks[0] and "--skip ports" in checks[1]
+    mixed = fab("deploy", "--host", "a,d", "--hosts-file", str(hosts), "--dry-run", timeout=60)
+    assert mixed.returncode == 2
+    assert "d (docker)" in mixed.stderr

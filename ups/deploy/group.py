@@ -54,11 +54,11 @@ def plan_group(
     env: dict[str, str],
 ) -> list[DeployPlan]:
     """One plan per host, all with the same run id and node 0's rendezvous endpoint."""
-    kinds = {t.spec.name: t.spec.kind for t in targets if t.spec.kind != "container"}
-    if kinds:
+    others = [f"{t.spec.name} ({t.spec.kind})" for t in targets if t.spec.kind != "container"]
+    if others:
         raise UsageError(
-            f"a job on several hosts runs on `container` hosts only; {kinds} are not. "
-            "Deploy to those hosts one at a time."
+            f"a job on several hosts runs on `container` hosts only; {', '.join(others)} "
+            "is not. Deploy to such a host on its own."
         )
     shared = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
     endpoint = _endpoint(targets[0], cfg)
