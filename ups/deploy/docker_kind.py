@@ -61,7 +61,6 @@ def build_docker_plan(
         if spec.registry
         else ("send only the layers the remote daemon lacks (gzip over SSH into docker load)")
     )
-    cd = f"cd {rc.q(spec.workdir)} && {rc.secrets_line(found)} && "
     steps = [
         Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
         Step("image", f"{spec.image}: {how}"),
@@ -72,14 +71,14 @@ def build_docker_plan(
             Step(
                 "preflight",
                 "one-shot preflight service; stop on failure",
-                cd + rc.argv(*compose, "run", "--rm", spec.preflight_service),
+                rc.compose_command(found, compose, "run", "--rm", spec.preflight_service),
             )
         )
     steps.append(
         Step(
             "start",
             "compose up -d (detached)",
-            cd + rc.argv(*compose, "up", "-d", "--no-deps", spec.compose_service),
+            rc.compose_command(found, compose, "up", "-d", "--no-deps", spec.compose_service),
         )
     )
     steps.append(Step("watch", "a detached watcher records the exit code", rc.start_command(found)))
@@ -198,12 +197,7 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     spec, found = target.spec, plan.remote
     runs = posixpath.join(spec.workdir, spec.runs_dir)
     # The image runs as a fixed uid (docs/docker.md); it must be able to write the runs volume.
-    owner = (
-        f"{rc.argv('chown', spec.container_user, runs)} 2>/dev/null || true"
-        if (spec.container_user)
-        else "true"
-    )
-    mk = run(conn, f"{rc.mkdir_command(found.state_dir, runs)} && {owner}", spec)
+    mk = run(conn, rc.prepare_dirs_command(found, runs, spec.container_user), spec)
     if mk.exited != 0:
         raise DeployError(f"cannot create {found.state_dir} on {spec.name!r}: {mk.stderr}")
     sftp = conn.sftp()

@@ -10,6 +10,7 @@ node; the job ends with node 0's outcome and the worst exit code of all nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,21 +92,21 @@ def deploy(targets: list[Target], plans: list[DeployPlan], *, env: dict[str, str
             if m.conn is not None:
                 m.conn.close()
     head = members[0].plan
+    hosts = [m.plan.host for m in members]
+    job = dataclasses.replace(members[0].target, label="")  # the job's lines, no node prefix
     if not head.follow:
-        hosts = ",".join(m.plan.host for m in members)
-        members[0].target.say(f"follow it with: fab logs --host {hosts} --run {head.run_id}")
+        job.say(f"follow it with: fab logs --host {','.join(hosts)} --run {head.run_id}")
         return 0
     codes = run_all(
         [m.target for m in members],
         lambda i: follow(members[i].target, members[i].plan.remote, offset=members[i].offset),
     )
-    rank0 = _rank0_outcome(members[0])
-    return summarize(members[0].target, head.run_id, [m.plan.host for m in members], codes, rank0)
+    return summarize(job, head.run_id, hosts, codes, _rank0_outcome(members[0]))
 
 
 def _rank0_outcome(head: Member) -> str:
     """Global rank 0's outcome (node 0's outcome.json), for the job's last line."""
-    target = Target(spec=head.target.spec, known_hosts=head.target.known_hosts, out=head.target.out)
+    target = head.target
     try:
         conn = target.connect()
     except DeployError as err:

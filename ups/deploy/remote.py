@@ -306,6 +306,20 @@ def watcher_script(
     )
 
 
+def compose_command(run: RemoteRun, compose: Sequence[str], *args: str) -> str:
+    """A compose command run in the workdir with the run's secrets in its environment."""
+    return f"cd {q(run.workdir)} && {secrets_line(run)} && {argv(*compose, *args)}"
+
+
+def prepare_dirs_command(run: RemoteRun, runs_dir: str, owner: str | None) -> str:
+    """Create the state and runs directories; hand the runs volume to the image's user."""
+    mk = mkdir_command(run.state_dir, runs_dir)
+    if not owner:
+        return mk
+    # Best effort: without the right to chown, preflight in the container reports it.
+    return f"{mk} && {{ {argv('chown', owner, runs_dir)} 2>/dev/null || true; }}"
+
+
 def docker_stop_command(run: RemoteRun, docker_host: str | None, timeout_s: float) -> str:
     """SIGTERM the training container and give it time to write its checkpoint."""
     docker = argv(*docker_argv(docker_host), "stop", "-t", str(int(timeout_s)))

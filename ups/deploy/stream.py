@@ -103,7 +103,7 @@ class LogFollower:
                     raise DeployError(
                         f"lost the connection for {self.give_up_after_s:.0f} s while following "
                         f"{self.path} (last error: {err}). The run keeps going remotely; "
-                        f"resume with `fab logs --host HOST --run RUN`."
+                        f"re-attach with `fab logs --host HOST --run RUN`."
                     ) from None
                 self._log.warning(
                     "log stream dropped, reconnecting",
