@@ -102,7 +102,15 @@ class SshServer:
         return path
 
 
-def start_sshd(root: Path, host_key: Path | None = None, port: int | None = None) -> SshServer:
+def start_sshd(
+    root: Path,
+    host_key: Path | None = None,
+    port: int | None = None,
+    *,
+    address: str = "127.0.0.1",
+    netns: str | None = None,
+) -> SshServer:
+    """Start sshd on ``address:port`` (inside network namespace ``netns`` when given)."""
     root.mkdir(parents=True, exist_ok=True)
     if not Path(SSHD).exists():
         pytest.skip("sshd missing: run scripts/sshd-setup.sh")
@@ -120,7 +128,7 @@ def start_sshd(root: Path, host_key: Path | None = None, port: int | None = None
         "\n".join(
             [
                 f"Port {port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {address}",
                 f"HostKey {host_key}",
                 f"AuthorizedKeysFile {root / 'authorized_keys'}",
                 f"PidFile {root / 'sshd.pid'}",
@@ -138,13 +146,14 @@ def start_sshd(root: Path, host_key: Path | None = None, port: int | None = None
         )
     )
     log = (root / "sshd.log").open("wb")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited: {(root / 'sshd.log').read_text()}")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            socket.create_connection((address, port), timeout=0.5).close()
             break
         except OSError:
             time.sleep(0.05)  # polling for the port to open, bounded by the deadline
@@ -197,7 +206,9 @@ def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None
     cfg["training"]["max_steps"] = max_steps
     cfg["training"]["log_every"] = 5
     cfg["checkpoint"]["every_steps"] = 10
-    cfg["wandb"]["mode"] = "disabled"
+    # W&B as users run it without a key: offline, writing its files (and its links) into
+    # the run directory. Never "disabled": fetch must cope with what W&B writes.
+    cfg["wandb"]["mode"] = "offline"
     # Other suites on this machine use 29500; a free port keeps runs from colliding.
     cfg["distributed"]["master_port"] = free_port()
     for key, value in (extra or {}).items():

@@ -11,9 +11,8 @@ import yaml
 from tests.deploy_fixtures import REPO, demo_config, fab
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import get_host
-from ups.deploy.plan import build_plan, script_for
-from ups.deploy.remote import RemoteRun, run_script
-from ups.deploy.stream import follow_command
+from ups.deploy.plan import build_plan, load_run_config, script_for
+from ups.deploy.remote import RemoteRun, follow_command, run_script
 
 
 def _hosts(tmp_path: Path, **entry: object) -> Path:
@@ -49,7 +48,8 @@ def test_plan_shows_steps_and_never_secret_values(tmp_path: Path) -> None:
     """The plan lists preflight, detached start and follow; secrets appear by name only."""
     spec, _ = get_host("vast", _hosts(tmp_path))
     config = demo_config(tmp_path / "c.yaml")
-    plan = build_plan(spec, config, run_id="r1", env={"WANDB_API_KEY": "sekret-123"})
+    cfg = load_run_config(config, [])
+    plan = build_plan(spec, config, cfg=cfg, run_id="r1", env={"WANDB_API_KEY": "sekret-123"})
     text = plan.render() + plan.to_json() + script_for(plan, None)
     assert "sekret-123" not in text
     assert plan.secrets == ["WANDB_API_KEY"]
@@ -102,3 +102,89 @@ def test_fab_unknown_host_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "unknown host 'typo'" in result.stderr
     assert "vast" in result.stderr
+
+
+@pytest.mark.parametrize("kind", ["container", "docker"])
+def test_every_planned_command_is_valid_shell(tmp_path: Path, kind: str) -> None:
+    """Each step command `--dry-run` shows (the exact text deploy runs) parses in sh, and
+    the run id appears in it only as a quoted word or inside quoted paths."""
+    from ups.deploy.docker_kind import build_docker_plan
+
+    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, docker_host="unix:///x y.sock"))
+    config = demo_config(tmp_path / "c.yaml")
+    cfg = load_run_config(config, ["training.max_steps=5"])
+    if kind == "docker":
+        plan = build_docker_plan(
+            spec, config, cfg=cfg, run_id="r.1", follow=True, skip_preflight=False, env={}
+        )
+    else:
+        plan = build_plan(spec, config, cfg=cfg, run_id="r.1", overrides=["training.max_steps=5"])
+    commands = [s.command for s in plan.steps if s.command]
+    assert len(commands) >= 2
+    for command in commands:
+        subprocess.run(["sh", "-n", "-c", command], check=True, timeout=10)
+        assert command in plan.render()
+    if kind == "docker":
+        assert "'DOCKER_HOST=unix:///x y.sock'" in plan.render()
+
+
+def test_deploy_package_has_no_import_cycle() -> None:
+    """The host kinds share ups.deploy.session/runs/follow and never import each other:
+    no module of ups/deploy imports one that (directly or not) imports it back."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for path in (REPO / "ups" / "deploy").glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "ups.deploy":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ups.deploy."):
+                deps.add(str(node.module).split(".")[2])
+        graph[path.stem] = deps
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for dep in graph.get(start, set()) - seen:
+            if dep == goal or reaches(dep, goal, seen | {dep}):
+                return True
+        return False
+
+    cycles = [m for m in graph if m != "__init__" and reaches(m, m, set())]
+    assert cycles == []
+    assert "execute" not in graph["docker_kind"] and "docker_kind" not in graph["execute"]
+
+
+def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:
+    """`fab deploy --host GROUP --dry-run` plans one `ups launch` per host, all with the
+    same run id and node 0's rendezvous address, node ranks in group order; only node 0
+    checks the rendezvous port; a docker host in the group is refused (exit 2)."""
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "a": {"host": "10.0.0.1", "workdir": "/w", "rdzv_address": "192.168.7.5"},
+                    "b": {"host": "10.0.0.2", "workdir": "/w"},
+                    "d": {"host": "10.0.0.3", "workdir": "/w", "kind": "docker"},
+                },
+                "groups": {"pair": ["b", "a"]},
+            }
+        )
+    )
+    config = demo_config(tmp_path / "c.yaml")
+    result = fab("deploy", "--host", "pair", "--hosts-file", str(hosts), "--config", str(config),
+                 "--run", "job1", "--dry-run", timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    launches = [line for line in result.stdout.splitlines() if "launch:   " in line]
+    assert len(launches) == 2
+    port = yaml.safe_load(config.read_text())["distributed"]["master_port"]
+    assert launches[0].startswith("[node0 b]") and "--node-rank 0" in launches[0]
+    assert launches[1].startswith("[node1 a]") and "--node-rank 1" in launches[1]
+    for line in launches:
+        assert "--run-id job1 --nnodes 2" in line
+        assert f"--rdzv-endpoint 10.0.0.2:{port}" in line  # node 0 is b, first in the group
+    checks = [line for line in result.stdout.splitlines() if "preflight --events off" in line]
+    assert "--skip ports" not in checks[0] and "--skip ports" in checks[1]
+    mixed = fab("deploy", "--host", "a,d", "--hosts-file", str(hosts), "--dry-run", timeout=60)
+    assert mixed.returncode == 2
+    assert "d (docker)" in mixed.stderr

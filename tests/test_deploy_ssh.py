@@ -109,8 +109,10 @@ def test_deploy_streams_to_completion_across_drops(
     stderr = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert drops >= 3
-    assert "remote preflight on test" in stdout
-    assert "preflight OK" in stdout
+    assert stdout.count("remote preflight on test") == 1
+    assert stdout.count("preflight OK") == 1  # the table once, not again as log lines
+    assert "preflight skipped" not in stdout  # launch knows deploy's preflight passed
+    assert '"check"' not in stdout
     assert "run e2e:" in stdout and "finished (exit 0)" in stdout
     assert "reconnects" in stdout and "0 reconnects" not in stdout
     remote_log = workdir / "runs" / "e2e" / "logs" / "launch.log"
@@ -128,13 +130,26 @@ def test_deploy_streams_to_completion_across_drops(
     assert status.returncode == 0, status.stderr
     assert "run e2e on test: not running" in status.stdout
     assert "outcome: finished (exit 0)" in status.stdout
+    last = status.stdout.split("last event: ", 1)[1]
+    assert not last.startswith("{") and "run finished" in last  # rendered, not raw JSON
 
     dest = tmp_path / "fetched"
     fetched = fab(
         "fetch", "--host", "test", "--hosts-file", str(hosts), "--dest", str(dest), timeout=60
     )
     assert fetched.returncode == 0, fetched.stderr
+    assert "Traceback" not in fetched.stderr
+    assert "fetched e2e from test: " in fetched.stdout
     assert json.loads((dest / "e2e" / "outcome.json").read_text())["outcome"] == "finished"
+    assert (dest / "e2e" / "config.yaml").is_file()
+    # W&B offline writes debug-core.log as a link to an absolute path under ~/.cache/wandb:
+    # its content is copied in place of the link, with a one-line note.
+    offline = next((dest / "e2e" / "wandb").glob("offline-run-*"))
+    assert (offline / "run-e2e.wandb").stat().st_size > 0
+    core = offline / "logs" / "debug-core.log"
+    assert core.is_file() and not core.is_symlink()
+    assert "copied the file behind link wandb/offline-run-" in fetched.stdout
+    assert "logs/debug-core.log -> /" in fetched.stdout
     assert list((dest / "e2e" / "checkpoints").glob("step_*.pt"))
     assert (dest / "e2e" / "logs" / "launch.log").read_bytes() == remote_log.read_bytes()
 
@@ -168,40 +183,63 @@ def test_failed_run_exit_code_reaches_local_shell(
     assert f"failed (exit {outcome['exit_code']})" in result.stdout
 
 
-def test_stop_is_graceful_and_logs_resume(sshd: SshServer, demo_data: Path, tmp_path: Path) -> None:
-    """`fab stop` SIGTERMs a detached run, waits for the preemption checkpoint and reports
-    it; `fab logs` afterwards replays the whole log and exits 75 (preempted)."""
-    hosts, workdir = _setup(sshd, demo_data, tmp_path)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=100000)
-    started = fab(
-        "deploy",
-        "--host",
-        "test",
-        "--hosts-file",
-        str(hosts),
-        "--config",
-        str(config),
-        "--run",
-        "long",
-        "--skip-preflight",
-        "--detach",
-    )
-    assert started.returncode == 0, started.stderr
-    log = workdir / "runs" / "long" / "logs" / "launch.log"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and '"step":5' not in (
+def _wait_for_step(log: Path, step: int, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and f'"step":{step}' not in (
         log.read_text() if log.exists() else ""
     ):
         time.sleep(0.5)  # waiting for training to be under way, bounded by the deadline
+
+
+def test_stop_then_same_deploy_command_continues_the_run(
+    sshd: SshServer, demo_data: Path, tmp_path: Path
+) -> None:
+    """`fab stop` SIGTERMs a detached run and reports its preemption checkpoint; `fab logs`
+    replays the log, exits 75 and starts nothing; running the same `fab deploy` command
+    again (no --run) continues that run from its checkpoint to the end, showing only the
+    new log lines; `--fresh` would start a new id."""
+    hosts, workdir = _setup(sshd, demo_data, tmp_path)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=40)
+    deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
+    started = fab(*deploy, "--skip-preflight", "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.split("started run ", 1)[1].split()[0]
+    log = workdir / "runs" / run_id / "logs" / "launch.log"
+    _wait_for_step(log, 5)
     stopped = fab("stop", "--host", "test", "--hosts-file", str(hosts), "--timeout", "120")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "preempted (exit 75)" in stopped.stdout
-    outcome = json.loads((workdir / "runs" / "long" / "outcome.json").read_text())
-    assert outcome["outcome"] == "preempted"
-    assert outcome["checkpoint"]
+    preempted = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
+    assert preempted["outcome"] == "preempted" and preempted["checkpoint"]
+
     followed = fab("logs", "--host", "test", "--hosts-file", str(hosts), timeout=60)
     assert followed.returncode == 75
     assert "preempted (exit 75)" in followed.stdout
+    assert "started run" not in followed.stdout  # logs only replays; it never resumes
+    assert "run the same `fab deploy` again" in followed.stdout
+    size_before = log.stat().st_size
+
+    again = fab(*deploy, "--skip-preflight", timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert f"continuing run {run_id} on test (it preempted at step" in again.stdout
+    assert f"started run {run_id}" in again.stdout
+    outcome = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished"
+    assert outcome["reason"].startswith("all 2 rank(s) finished 40 steps")
+    new_events = [
+        json.loads(line)
+        for line in log.read_bytes()[size_before:].decode().splitlines()
+        if line.startswith("{")
+    ]
+    assert any(e.get("event") == "resumed" for e in new_events)
+    shown = again.stdout.split(f"started run {run_id}", 1)[1]
+    assert "preempted (exit 75)" not in shown  # the old attempt's lines are not replayed
+
+    refused = fab(*deploy, "--run", run_id, "--skip-preflight")
+    assert refused.returncode == 2
+    assert f"run {run_id} already finished" in refused.stderr and "--fresh" in refused.stderr
+    fresh = fab(*deploy, "--fresh", "--dry-run")
+    assert fresh.returncode == 0 and "latest unfinished" not in fresh.stdout
 
 
 def test_preflight_failure_starts_nothing(sshd: SshServer, tmp_path: Path) -> None:

@@ -59,6 +59,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="default: run.output_dir from the config, else runs")
     p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
     p.add_argument("--skip-preflight", action="store_true")
+    p.add_argument(
+        "--preflight-passed-by",
+        metavar="WHO",
+        help="preflight already passed on this host for this run (fab deploy sets it)",
+    )
     p.add_argument("--preflight-strict", action="store_true", help="preflight warnings stop it")
     p.add_argument(
         "--preflight-skip",
@@ -111,6 +116,7 @@ def main(argv: list[str]) -> int:
             output_dir=args.output_dir,
             master_port=args.master_port,
             skip_preflight=args.skip_preflight,
+            preflight_passed_by=args.preflight_passed_by,
             preflight_strict=args.preflight_strict,
             preflight_skip=args.preflight_skip,
             fresh=args.fresh,

@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from ups.grace import DEFAULT_STOP_GRACE_S
+from ups.runid import validate_run_id
 
 FilePath = Annotated[Path, Field(strict=False)]
 """A path; YAML gives strings, so this one field type is read leniently."""
@@ -32,14 +33,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+RunId = Annotated[str, AfterValidator(validate_run_id)]
+"""A run id or run name: it becomes a directory and a word in remote commands (ups.runid)."""
+
+
 class RunConfig(_Strict):
-    name: str = "run"
+    name: RunId = "run"
     """Human name of the run; part of the default run id."""
     seed: int = 0
     """Seed for model init, data order and synthetic data; a resumed run replays it exactly."""
     output_dir: FilePath = Path("runs")
     """Run directories are created under this directory: ``output_dir/<run_id>``."""
-    run_id: str | None = None
+    run_id: RunId | None = None
     """Fixed run id. Default: ``$UPS_RUN_ID`` or ``<name>-<timestamp>``. Reusing an id resumes."""
 
 

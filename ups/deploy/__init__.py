@@ -1,13 +1,25 @@
 """Deploy ups runs to SSH hosts (Vast instances, Docker GPU boxes): ``fab deploy --host NAME``.
 
-Modules: :mod:`hosts` (hosts.yaml), :mod:`hostkeys` and :mod:`connect` (verified SSH),
-:mod:`plan` (printable plan), :mod:`remote` (remote paths and shell text), :mod:`execute`
-(carry out a plan; logs, status, stop, fetch), :mod:`stream` (byte-offset log follower),
-:mod:`docker_kind` and :mod:`layers` (image transfer to hosts with a Docker daemon),
+Modules: :mod:`hosts` (hosts.yaml), :mod:`hostkeys` and :mod:`connect` (verified SSH,
+retried with tenacity), :mod:`remote` (every remote path and shell command, quoted),
+:mod:`plan` (printable plan), :mod:`session` (what the host kinds share: target,
+connection, running a command), :mod:`runs` (which run, alive, outcome; continuing
+one), :mod:`execute` (the ``container`` kind; logs, status, stop), :mod:`docker_kind`
+and :mod:`layers` (hosts with a Docker daemon), :mod:`follow` and :mod:`stream`
+(byte-offset log follower), :mod:`fetch`, :mod:`group` (one job on several hosts),
 :mod:`tasks` (what the fabfile calls).
 """
 
-from ups.deploy.errors import DeployError, HostKeyChanged, PreflightFailed
-from ups.deploy.hosts import HostSpec, get_host, load_hosts
+from ups.deploy.errors import DeployError, HostKeyChanged, PreflightFailed, UsageError
+from ups.deploy.hosts import HostSpec, get_host, get_hosts, load_hosts
 
-__all__ = ["DeployError", "HostKeyChanged", "HostSpec", "PreflightFailed", "get_host", "load_hosts"]
+__all__ = [
+    "DeployError",
+    "HostKeyChanged",
+    "HostSpec",
+    "PreflightFailed",
+    "UsageError",
+    "get_host",
+    "get_hosts",
+    "load_hosts",
+]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import paramiko
+import tenacity
 from fabric import Config, Connection
 
-from ups.deploy.errors import DeployError, HostKeyChanged
+from ups.deploy.errors import DeployError, HostKeyChanged, UsageError
 from ups.deploy.hostkeys import (
     RecordFirstKeyPolicy,
     changed_key_message,
@@ -66,6 +66,25 @@ def _connection(
     return conn
 
 
+_TRANSIENT = (TimeoutError, OSError, paramiko.SSHException, EOFError)
+"""Network trouble worth retrying (a Vast instance still starting its sshd)."""
+
+
+def check_key_file(spec: HostSpec) -> None:
+    """Refuse a ``key`` that is missing or unreadable before trying to connect with it."""
+    if not spec.key:
+        return
+    path = Path(spec.key).expanduser()
+    try:
+        path.open("rb").close()
+    except OSError as err:
+        raise UsageError(
+            f"key file {path} for host {spec.name!r} cannot be read ({err.strerror}). Fix "
+            "'key' in hosts.yaml (the private key, not the .pub), or create one with "
+            f"`ssh-keygen -t ed25519 -f {path}` and add its .pub on the host."
+        ) from None
+
+
 def connect(
     spec: HostSpec,
     known_hosts: Path,
@@ -77,47 +96,62 @@ def connect(
     """Return an open, host-key-verified connection, retrying transient failures.
 
     Vast instances refuse SSH for a minute after they report running, so network errors
-    are retried with exponential backoff; auth and host-key problems are not.
+    are retried with exponential backoff (tenacity); auth and host-key problems are not.
     """
+    check_key_file(spec)
     log = get_logger("ups.deploy")
-    last: Exception | None = None
-    for attempt in range(1, attempts + 1):
-        conn = _connection(spec, known_hosts, on_new_key, spec.connect_timeout)
-        try:
-            conn.open()
-        except paramiko.BadHostKeyException as err:
-            conn.close()
-            name = known_hosts_name(conn.host, int(conn.port))
-            raise HostKeyChanged(
-                changed_key_message(name, err.expected_key, err.key, known_hosts)
-            ) from None
-        except HostKeyChanged:
-            conn.close()
-            raise
-        except paramiko.AuthenticationException as err:
-            conn.close()
-            raise DeployError(
-                f"host {spec.name!r} ({_address(spec)}) rejected our key: {err}. Check 'key' "
-                "and 'user' in hosts.yaml, or add your public key on the host (Vast: account "
-                "SSH keys)."
-            ) from None
-        except (TimeoutError, OSError, paramiko.SSHException, EOFError) as err:
-            conn.close()
-            last = err
-            if attempt < attempts:
-                log.warning(
-                    "ssh connect failed, retrying", host=spec.name, attempt=attempt, error=str(err)
-                )
-                time.sleep(backoff_s * 2 ** (attempt - 1))
-            continue
-        assert conn.transport is not None
-        conn.transport.set_keepalive(spec.keepalive_s)
-        return conn
-    raise DeployError(
-        f"host {spec.name!r} is unreachable at {_address(spec)} after {attempts} attempts: "
-        f"{last}. Check that the instance is running and the address/port in hosts.yaml "
-        "(Vast: `vastai show instance ID` shows ssh_host and ssh_port)."
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        assert state.outcome is not None
+        log.warning(
+            "ssh connect failed, retrying",
+            host=spec.name,
+            attempt=state.attempt_number,
+            error=str(state.outcome.exception()),
+        )
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_TRANSIENT),
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_exponential(multiplier=backoff_s, max=30),
+        before_sleep=before_sleep,
+        reraise=True,
     )
+    try:
+        conn: Connection = retrying(_open, spec, known_hosts, on_new_key)
+    except _TRANSIENT as err:
+        raise DeployError(
+            f"host {spec.name!r} is unreachable at {_address(spec)} after {attempts} attempts: "
+            f"{err}. Check that the instance is running and the address/port in hosts.yaml "
+            "(Vast: `vastai show instance ID` shows ssh_host and ssh_port)."
+        ) from None
+    return conn
+
+
+def _open(spec: HostSpec, known_hosts: Path, on_new_key: NewKeyCallback) -> Connection:
+    """One connection attempt; host-key and auth failures become final DeployErrors."""
+    conn = _connection(spec, known_hosts, on_new_key, spec.connect_timeout)
+    try:
+        conn.open()
+    except paramiko.BadHostKeyException as err:
+        conn.close()
+        name = known_hosts_name(conn.host, int(conn.port))
+        raise HostKeyChanged(
+            changed_key_message(name, err.expected_key, err.key, known_hosts)
+        ) from None
+    except paramiko.AuthenticationException as err:
+        conn.close()
+        raise DeployError(
+            f"host {spec.name!r} ({_address(spec)}) rejected our key: {err}. Check 'key' "
+            "and 'user' in hosts.yaml, or add your public key on the host (Vast: account "
+            "SSH keys)."
+        ) from None
+    except BaseException:
+        conn.close()
+        raise
+    assert conn.transport is not None
+    conn.transport.set_keepalive(spec.keepalive_s)
+    return conn
 
 
 def _address(spec: HostSpec) -> str:

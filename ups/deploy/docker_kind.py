@@ -10,60 +10,52 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from fabric import Connection
 
-from ups.deploy import execute
+from ups.config import Config
 from ups.deploy import remote as rc
 from ups.deploy.errors import DeployError, PreflightFailed
-from ups.deploy.execute import Target
+from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address
+from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.progress import Progress, human_bytes
+from ups.deploy.runs import settle
+from ups.deploy.session import Target, run, show_report, write_private, write_text
 from ups.runid import new_run_id
 
 
-def _project(run_id: str) -> str:
-    return "ups-" + re.sub(r"[^a-z0-9_-]", "-", run_id.lower())
-
-
-def compose_prefix(spec: HostSpec, run: rc.RemoteRun) -> str:
-    """``docker compose`` with the run's project name, files and environment."""
-    files = " ".join(f"-f {rc.q(Path(f).name)}" for f in spec.compose_files)
-    env = {
-        "UPS_IMAGE": spec.image,
-        "UPS_IMAGE_CPU": spec.image,  # the CPU override (docker/compose.cpu.yml) reads this
-        "UPS_RUN_ID": run.run_id,
-        "UPS_CONFIG": posixpath.relpath(run.state("config.yaml"), run.workdir),
-    }
-    if spec.docker_host:
-        env["DOCKER_HOST"] = spec.docker_host
-    assignments = " ".join(f"{k}={rc.q(v)}" for k, v in env.items())
-    return f"env {assignments} docker compose -p {_project(run.run_id)} {files}"
-
-
-def _secrets_line(run: rc.RemoteRun) -> str:
-    path = rc.q(run.state("secrets.env"))
-    return f"if [ -f {path} ]; then set -a; . {path}; set +a; fi"
+def compose_argv(spec: HostSpec, found: rc.RemoteRun) -> list[str]:
+    return rc.compose_argv(
+        run=found, image=spec.image, compose_files=spec.compose_files, docker_host=spec.docker_host
+    )
 
 
 def build_docker_plan(
     spec: HostSpec,
     config: Path,
     *,
+    cfg: Config,
     run_id: str | None,
+    overrides: Sequence[str] = (),
+    fresh: bool = False,
     follow: bool,
     skip_preflight: bool,
     env: dict[str, str],
 ) -> DeployPlan:
-    from ups.config import load_config
-
-    cfg = load_config(config, check_files=False)
-    run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
-    run = rc.RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
-    compose = compose_prefix(spec, run)
+    """Plan a compose deploy; the commands shown are the ones :func:`deploy` runs."""
+    check_run_flag(run_id)
+    if overrides:
+        raise DeployError(
+            "--set is not supported for docker hosts yet: the compose services read the "
+            "uploaded config as it is. Put the change in the config file and deploy again."
+        )
+    fixed = run_id or cfg.run.run_id
+    run_id = fixed or new_run_id(cfg.run.name)
+    found = rc.RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
+    compose = compose_argv(spec, found)
     how = (
         f"push to {spec.registry}, pull remotely"
         if spec.registry
@@ -79,18 +71,19 @@ def build_docker_plan(
             Step(
                 "preflight",
                 "one-shot preflight service; stop on failure",
-                f"{compose} run --rm {spec.preflight_service}",
+                rc.compose_command(found, compose, "run", "--rm", spec.preflight_service),
             )
         )
     steps.append(
         Step(
             "start",
-            "compose up -d (detached); a watcher records the exit code",
-            f"{compose} up -d --no-deps {spec.compose_service}",
+            "compose up -d (detached)",
+            rc.compose_command(found, compose, "up", "-d", "--no-deps", spec.compose_service),
         )
     )
+    steps.append(Step("watch", "a detached watcher records the exit code", rc.start_command(found)))
     if follow:
-        steps.append(Step("follow", f"stream {run.launch_log} until the container exits"))
+        steps.append(Step("follow", f"stream {found.launch_log} until the container exits"))
     return DeployPlan(
         host=spec.name,
         kind=spec.kind,
@@ -98,11 +91,12 @@ def build_docker_plan(
         image=spec.image,
         run_id=run_id,
         config=str(config),
-        remote=run,
+        remote=found,
         launch_argv=[],
         follow=follow,
         steps=steps,
         secrets=[n for n in SECRET_NAMES if env.get(n)],
+        resume_name=None if (fixed or fresh) else cfg.run.name,
     )
 
 
@@ -139,100 +133,82 @@ def deploy(
     target: Target,
     config: Path,
     *,
+    cfg: Config,
     run_id: str | None,
+    overrides: Sequence[str] = (),
+    fresh: bool = False,
     dry_run: bool,
     detach: bool,
     skip_preflight: bool,
 ) -> int:
     spec = target.spec
     env = dict(os.environ)
-    plan = build_docker_plan(
-        spec, config, run_id=run_id, follow=not detach, skip_preflight=skip_preflight, env=env
-    )
+
+    def replan(chosen: str | None) -> DeployPlan:
+        return build_docker_plan(
+            spec,
+            config,
+            cfg=cfg,
+            run_id=chosen,
+            overrides=overrides,
+            fresh=fresh,
+            follow=not detach,
+            skip_preflight=skip_preflight,
+            env=env,
+        )
+
+    plan = replan(run_id)
     target.say(plan.render())
     if dry_run:
         return 0
-    run = plan.remote
     conn = target.connect()
     try:
+        plan, offset = settle(target, conn, plan, replan)
         _sent, what = ship_image(target, conn)
         target.say(what)
         upload(target, conn, plan, env)
-        compose = compose_prefix(spec, run)
-        cd = f"cd {rc.q(spec.workdir)} && {_secrets_line(run)} && "
-        if not skip_preflight:
-            result = execute._run(conn, f"{cd}{compose} run --rm {spec.preflight_service}", spec)
-            execute.show_report(target, result.stdout + result.stderr)
+        if plan.has_step("preflight"):
+            result = run(conn, plan.step("preflight").command or "", spec)
+            show_report(target, result.stdout + result.stderr)
             if result.exited != 0:
                 raise PreflightFailed(
                     f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was "
                     "started. Fix the failing checks above and deploy again."
                 )
-        up = execute._run(conn, f"{cd}{compose} up -d --no-deps {spec.compose_service}", spec)
+        up = run(conn, plan.step("start").command or "", spec)
         if up.exited != 0:
             raise DeployError(f"`docker compose up` failed on {spec.name!r}:\n{up.stderr}")
-        started = execute._run(conn, rc.start_command(run), spec)
+        started = run(conn, plan.step("watch").command or "", spec)
         if started.exited != 0:
             raise DeployError(
                 f"starting the exit watcher on {spec.name!r} failed: {started.stderr}"
             )
-        target.say(
-            f"started run {run.run_id} on {spec.name} (compose project {_project(run.run_id)})"
-        )
+        project = rc.compose_project(plan.run_id)
+        target.say(f"started run {plan.run_id} on {spec.name} (compose project {project})")
     finally:
         conn.close()
     if detach:
-        target.say(f"follow it with: fab logs --host {spec.name} --run {run.run_id}")
+        target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
         return 0
-    return execute.follow(target, run)
+    return follow(target, plan.remote, offset=offset)
 
 
 def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
-    spec, run = target.spec, plan.remote
-    runs = rc.q(posixpath.join(spec.workdir, spec.runs_dir))
+    spec, found = target.spec, plan.remote
+    runs = posixpath.join(spec.workdir, spec.runs_dir)
     # The image runs as a fixed uid (docs/docker.md); it must be able to write the runs volume.
-    owner = (
-        f"chown {rc.q(spec.container_user)} {runs} 2>/dev/null || true"
-        if (spec.container_user)
-        else "true"
-    )
-    mk = execute._run(conn, f"mkdir -p {rc.q(run.state_dir)} {runs} && {owner}", spec)
+    mk = run(conn, rc.prepare_dirs_command(found, runs, spec.container_user), spec)
     if mk.exited != 0:
-        raise DeployError(f"cannot create {run.state_dir} on {spec.name!r}: {mk.stderr}")
+        raise DeployError(f"cannot create {found.state_dir} on {spec.name!r}: {mk.stderr}")
     sftp = conn.sftp()
     for f in spec.compose_files:
         sftp.put(f, posixpath.join(spec.workdir, Path(f).name))
-    sftp.put(plan.config, run.state("config.yaml"))
-    with sftp.open(run.state("output_dir"), "w") as fh:
-        fh.write(run.output_dir.encode())
-    with sftp.open(run.state("run.sh"), "w") as fh:
-        fh.write(watcher_script(spec, run).encode())
+    sftp.put(plan.config, found.state("config.yaml"))
+    write_text(conn, found.state("output_dir"), found.output_dir)
+    watcher = rc.watcher_script(
+        found, compose_argv(spec, found), spec.compose_service, spec.docker_host
+    )
+    write_text(conn, found.state("run.sh"), watcher)
     if plan.secrets:
         body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
-        execute.write_private(conn, run.state("secrets.env"), body)
-
-
-def watcher_script(spec: HostSpec, run: rc.RemoteRun) -> str:
-    """Detached watcher: record the container id, its pid file, and its exit code."""
-    s = run.state
-    compose = compose_prefix(spec, run)
-    docker = f"env DOCKER_HOST={rc.q(spec.docker_host)} docker" if spec.docker_host else "docker"
-    return "\n".join(
-        [
-            "#!/bin/sh",
-            f"cd {rc.q(spec.workdir)} || exit 1",
-            f"cid=$({compose} ps -q {spec.compose_service})",
-            f'echo "$cid" > {rc.q(s("cid"))}',
-            f"echo $$ > {rc.q(s('pid'))}",
-            f'code=$({docker} wait "$cid")',
-            f'echo "${{code:-1}}" > {rc.q(s("exit.tmp"))}',
-            f"mv {rc.q(s('exit.tmp'))} {rc.q(s('exit'))}",
-            "",
-        ]
-    )
-
-
-def stop_command(spec: HostSpec, run: rc.RemoteRun, timeout_s: float) -> str:
-    """SIGTERM the training container and give it time to write its checkpoint."""
-    docker = f"env DOCKER_HOST={rc.q(spec.docker_host)} docker" if spec.docker_host else "docker"
-    return f"{docker} stop -t {int(timeout_s)} $(cat {rc.q(run.state('cid'))})"
+        write_private(conn, found.state("secrets.env"), body)

@@ -1,17 +1,33 @@
-"""Errors a deploy reports to the user: each carries the one-paragraph message and exit code."""
+"""Errors a deploy reports to the user: each carries the one-paragraph message and exit code.
+
+Exit codes of the ``fab`` tasks (docs/deploy.md): 2 a mistake in the run config, the
+hosts file or a flag (nothing was contacted); 3 the host could not be reached, verified
+or set up (nothing was started); 4 remote preflight failed (nothing was started);
+otherwise the run's own exit code (0 finished, 75 preempted, 1 failed...); 130 Ctrl-C.
+"""
 
 from __future__ import annotations
 
+EXIT_USAGE = 2
+"""A run config, hosts file or flag is wrong; the message names the key and the fix."""
 EXIT_DEPLOY = 3
 """Deploy could not reach, verify or set up the host; nothing was started."""
 EXIT_PREFLIGHT = 4
 """Remote preflight failed; nothing was started."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C: only following stopped; a started run keeps going."""
 
 
 class DeployError(Exception):
-    """A problem the user fixes (unknown host, unreachable, changed key...); message says how."""
+    """A problem the user fixes (unreachable host, changed key...); the message says how."""
 
     exit_code = EXIT_DEPLOY
+
+
+class UsageError(DeployError):
+    """A mistake in the run config, hosts.yaml or a flag, found before any connection."""
+
+    exit_code = EXIT_USAGE
 
 
 class HostKeyChanged(DeployError):

@@ -18,18 +18,35 @@ Example entry (see configs/hosts.yaml)::
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ups.deploy.errors import DeployError
+from ups.deploy.errors import UsageError
 
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
 HostKind = Literal["container", "docker"]
+
+_SAFE = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./@:+=-]*")
+
+
+def _shell_safe(value: str) -> str:
+    """Names and paths that reach remote commands: quoted there anyway, refused here early."""
+    if not _SAFE.fullmatch(value) or ".." in value.split("/"):
+        raise ValueError(
+            f"{value!r} may only hold letters, digits and '_ . / ~ @ : + = -' (no spaces, "
+            "quotes, ';', '$', '|' or '..'): it is used in commands on the host"
+        )
+    return value
+
+
+SafeWord = Annotated[str, AfterValidator(_shell_safe)]
+"""A value deploy puts into remote commands: an executable, a path, a service name."""
 
 
 class _Strict(BaseModel):
@@ -51,25 +68,28 @@ class HostSpec(_Strict):
     """Jump host as ``user@host:port`` (like ``ssh -J``)."""
     kind: HostKind = "container"
     """``container``: the host is the ups image (Vast instance); ``docker``: it runs a daemon."""
-    image: str = "ups:latest"
+    image: SafeWord = "ups:latest"
     """Image reference the host runs (container) or receives (docker)."""
-    workdir: str = "/workspace/ups"
+    workdir: SafeWord = "/workspace/ups"
     """Remote directory that holds configs/, data/ and runs/."""
+    rdzv_address: SafeWord | None = None
+    """Address the other hosts of a multi-host job reach this one at, when it is node 0
+    (default: ``host``; set it when ``host`` is an SSH proxy, as on Vast)."""
     gpus: int = Field(0, ge=0)
     """GPUs the run uses; 0 lets ``ups launch`` decide (2 CPU ranks without a GPU)."""
-    ups_bin: str = "ups"
+    ups_bin: SafeWord = "ups"
     """The ``ups`` executable on a container host."""
     remote_env: str | None = None
     """Shell line run before every remote command (e.g. ``. /opt/venv/bin/activate``)."""
     registry: str | None = None
     """docker kind: push ``image`` here and pull it remotely instead of shipping layers."""
-    compose_files: list[str] = Field(default_factory=lambda: ["docker-compose.yml"])
+    compose_files: list[SafeWord] = Field(default_factory=lambda: ["docker-compose.yml"])
     """docker kind: local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
-    compose_service: str = "train-ddp"
-    preflight_service: str = "preflight"
-    container_user: str | None = "1000:1000"
+    compose_service: SafeWord = "train-ddp"
+    preflight_service: SafeWord = "preflight"
+    container_user: SafeWord | None = "1000:1000"
     """docker kind: uid:gid the image runs as; deploy chowns the runs directory to it."""
-    runs_dir: str = "runs"
+    runs_dir: SafeWord = "runs"
     """docker kind: host directory (relative to ``workdir``) mounted as the runs volume."""
     docker_host: str | None = None
     """docker kind: remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
@@ -82,6 +102,9 @@ class HostSpec(_Strict):
 class HostsFile(_Strict):
     known_hosts: str = str(DEFAULT_KNOWN_HOSTS)
     hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    groups: dict[str, list[str]] = Field(default_factory=dict)
+    """Named host lists for one job on several hosts (``fab deploy --host GROUP``); the
+    first host is node 0, which hosts the rendezvous."""
 
 
 def hosts_file_path(path: str | Path | None = None) -> Path:
@@ -95,32 +118,48 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
     try:
         raw = yaml.safe_load(file.read_text()) or {}
     except FileNotFoundError:
-        raise DeployError(
+        raise UsageError(
             f"hosts file {file} not found. Copy configs/hosts.yaml, add your host, and pass "
             "--hosts-file PATH or set UPS_HOSTS_FILE."
         ) from None
     except yaml.YAMLError as err:
-        raise DeployError(f"hosts file {file} is not valid YAML: {err}") from None
+        raise UsageError(f"hosts file {file} is not valid YAML: {err}") from None
     try:
         parsed = HostsFile.model_validate(raw)
     except ValidationError as err:
         problems = "\n".join(
             f"  - {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
         )
-        raise DeployError(f"hosts file {file} is invalid:\n{problems}") from None
+        raise UsageError(f"hosts file {file} is invalid:\n{problems}") from None
     hosts = {name: spec.model_copy(update={"name": name}) for name, spec in parsed.hosts.items()}
     return parsed.model_copy(update={"hosts": hosts})
 
 
 def get_host(name: str, path: str | Path | None = None) -> tuple[HostSpec, Path]:
     """Return the named host and the known_hosts file to verify it against."""
+    specs, known_hosts = get_hosts(name, path)
+    if len(specs) != 1:
+        raise UsageError(f"{name!r} names {len(specs)} hosts; this task takes one host")
+    return specs[0], known_hosts
+
+
+def get_hosts(names: str, path: str | Path | None = None) -> tuple[list[HostSpec], Path]:
+    """Resolve ``--host``: one name, ``a,b`` or a group; node order is the order given."""
     hosts = load_hosts(path)
-    spec = hosts.hosts.get(name)
-    if spec is None:
-        known = ", ".join(sorted(hosts.hosts)) or "(none)"
-        raise DeployError(
-            f"unknown host {name!r}: {hosts_file_path(path)} defines {known}. "
-            f"Add an entry under 'hosts:' or pick one of those."
-        )
+    wanted: list[str] = []
+    for name in (n.strip() for n in names.split(",")):
+        wanted += hosts.groups.get(name, [name]) if name not in hosts.hosts else [name]
+    specs = []
+    for name in wanted:
+        spec = hosts.hosts.get(name)
+        if spec is None:
+            known = ", ".join([*sorted(hosts.hosts), *sorted(hosts.groups)]) or "(none)"
+            raise UsageError(
+                f"unknown host {name!r}: {hosts_file_path(path)} defines {known}. "
+                "Add an entry under 'hosts:' (or 'groups:') or pick one of those."
+            )
+        if spec in specs:
+            raise UsageError(f"host {name!r} is named twice in --host {names!r}")
+        specs.append(spec)
     known_hosts = os.environ.get("UPS_KNOWN_HOSTS") or hosts.known_hosts
-    return spec, Path(known_hosts).expanduser()
+    return specs, Path(known_hosts).expanduser()

@@ -1,14 +1,19 @@
-"""Where a deployed run lives on the remote host, and the shell text that drives it.
+"""Where a deployed run lives on the remote host, and every shell command deploy sends there.
 
-Pure functions: they build strings, never touch a connection, so tests and ``--dry-run``
-can show exactly what will run. Every path is quoted; secrets never appear here (they
-travel in a 0600 file that the run script sources).
+This module is the one place remote shell text is built. Pure functions: they build
+strings, never touch a connection, so tests and ``--dry-run`` show exactly what will
+run. Every value that comes from a config, a hosts file or a flag (run ids, paths,
+executables, service names) goes through :func:`q` (``shlex.quote``) or :func:`argv`;
+the fixed shell around them is literal text. Secrets never appear here (they travel in
+a 0600 file that the run script sources).
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 STATE_DIR = ".ups/deploy"
@@ -16,7 +21,13 @@ STATE_DIR = ".ups/deploy"
 
 
 def q(value: str) -> str:
+    """One shell word, whatever ``value`` holds."""
     return shlex.quote(value)
+
+
+def argv(*words: str) -> str:
+    """A command line from an argv list: every word quoted."""
+    return shlex.join(words)
 
 
 @dataclass(frozen=True)
@@ -68,14 +79,46 @@ def latest_link(workdir: str) -> str:
 
 
 def with_env(remote_env: str | None, command: str) -> str:
+    """Prefix the host's ``remote_env`` line (hosts.yaml: the user's own shell, on purpose)."""
     return f"{remote_env}\n{command}" if remote_env else command
 
 
-def run_script(run: RemoteRun, launch_argv: list[str], remote_env: str | None) -> str:
+def in_dir(workdir: str, command: str) -> str:
+    return f"cd {q(workdir)} && {command}"
+
+
+def exists_command(*paths: str) -> str:
+    """Exit 0 when any of ``paths`` exists."""
+    return " || ".join(f"test -e {q(p)}" for p in paths) or "false"
+
+
+def mkdir_command(*paths: str) -> str:
+    return argv("mkdir", "-p", *paths)
+
+
+def remove_tree_command(path: str) -> str:
+    return argv("rm", "-rf", path)
+
+
+def read_file_command(path: str) -> str:
+    return f"cat {q(path)} 2>/dev/null || true"
+
+
+def file_size_command(path: str) -> str:
+    return f"if [ -f {q(path)} ]; then wc -c < {q(path)}; else echo 0; fi"
+
+
+def secrets_line(run: RemoteRun) -> str:
+    """Export the run's secrets file into the environment, when there is one."""
+    path = q(run.state("secrets.env"))
+    return f"if [ -f {path} ]; then set -a; . {path}; set +a; fi"
+
+
+def run_script(run: RemoteRun, launch_argv: Sequence[str], remote_env: str | None) -> str:
     """The script the detached job runs: source secrets, launch, record pid and exit code.
 
-    The pid is the launcher's own (``ups launch`` or ``docker compose``), so ``stop``
-    sends SIGTERM to exactly the process that forwards it to the ranks.
+    The pid is the launcher's own (``ups launch``), so ``stop`` sends SIGTERM to exactly
+    the process that forwards it to the ranks.
     """
     s = run.state
     lines = [
@@ -83,9 +126,9 @@ def run_script(run: RemoteRun, launch_argv: list[str], remote_env: str | None) -
         "# written by `fab deploy`; runs detached under setsid nohup",
         f"cd {q(run.workdir)} || exit 1",
         remote_env or "",
-        f"if [ -f {q(s('secrets.env'))} ]; then set -a; . {q(s('secrets.env'))}; set +a; fi",
+        secrets_line(run),
         f"export UPS_RUN_ID={q(run.run_id)}",
-        " ".join(q(a) for a in launch_argv) + " &",
+        argv(*launch_argv) + " &",
         f"echo $! > {q(s('pid'))}",
         "wait $!",
         f"echo $? > {q(s('exit.tmp'))} && mv {q(s('exit.tmp'))} {q(s('exit'))}",
@@ -97,18 +140,20 @@ def start_command(run: RemoteRun) -> str:
     """Start the run script in its own session, immune to the SSH session ending."""
     s = run.state
     return (
+        f"rm -f {q(s('exit'))} {q(s('pid'))}; "
         f"setsid nohup sh {q(s('run.sh'))} > {q(s('nohup.log'))} 2>&1 < /dev/null & "
         f"ln -sfn {q(run.run_id)} {q(latest_link(run.workdir))}; echo started"
     )
 
 
 def status_command(run: RemoteRun) -> str:
+    """Print ``pid=``, ``alive=``, ``exit=`` and ``last=`` (the log's last line) as lines."""
     s = run.state
     return (
         f"pid=$(cat {q(s('pid'))} 2>/dev/null); echo pid=$pid; "
         'if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo alive=1; else echo alive=0; fi; '
         f"[ -f {q(s('exit'))} ] && echo exit=$(cat {q(s('exit'))}); "
-        f"[ -f {q(run.launch_log)} ] && echo last=$(tail -n 1 {q(run.launch_log)} | cut -c1-300); "
+        f"[ -f {q(run.launch_log)} ] && printf 'last=%s\\n' \"$(tail -n 1 {q(run.launch_log)})\"; "
         "true"
     )
 
@@ -125,14 +170,41 @@ def resolve_latest_command(workdir: str) -> str:
     return f"readlink {q(latest_link(workdir))}"
 
 
-def read_file_command(path: str) -> str:
-    return f"cat {q(path)} 2>/dev/null || true"
+def runs_of_name_command(workdir: str, name: str) -> str:
+    """List deployed run ids named ``<name>-...``, newest first (by state dir mtime)."""
+    base = posixpath.join(workdir, STATE_DIR)
+    return f"cd {q(base)} 2>/dev/null && ls -1t -d -- {q(name)}-* 2>/dev/null || true"
+
+
+def follow_command(path: str, offset: int, done: Sequence[str], heartbeat_s: float) -> str:
+    """The remote shell script: tail from byte ``offset`` until a done file exists."""
+    tests = " && ".join(f"[ ! -e {q(p)} ]" for p in done) or "true"
+    ticks = max(1, round(heartbeat_s / 0.2))
+    log = q(path)
+    beat = f"n=$((n+1)); if [ $n -ge {ticks} ]; then n=0; printf . >&2 || exit 1; fi"
+    # tail -F on a missing file falls back to 1 s polling even after the file appears,
+    # so wait for the file first; then tail uses inotify and lines arrive in milliseconds.
+    return (
+        f"n=0; while [ ! -e {log} ]; do {tests} || exit 0; sleep 0.1; {beat}; done; "
+        f"tail -s 0.2 -c +{offset + 1} -F {log} 2>/dev/null & T=$!; "
+        "trap 'kill $T 2>/dev/null' EXIT HUP PIPE TERM; "
+        f"while {tests}; do sleep 0.2; {beat}; done; exit 0"
+    )
+
+
+def catch_up_command(path: str, offset: int) -> str:
+    return f"[ -e {q(path)} ] && tail -c +{offset + 1} {q(path)} || true"
 
 
 def tar_run_command(run: RemoteRun) -> str:
-    """Stream the run directory as a tar on stdout (for ``fetch``)."""
+    """Stream the run directory as a tar on stdout (for ``fetch``); links stay links."""
     parent, name = posixpath.split(run.run_dir)
-    return f"tar -C {q(parent)} -cf - {q(name)}"
+    return argv("tar", "-C", parent, "-cf", "-", name)
+
+
+def run_size_command(run: RemoteRun) -> str:
+    """Print the run directory's apparent size in bytes (close to its tar's: a fetch ETA)."""
+    return argv("du", "-sb", run.run_dir) + " | cut -f1"
 
 
 def code_info_command(ups_bin: str, remote_env: str | None) -> str:
@@ -142,9 +214,133 @@ def code_info_command(ups_bin: str, remote_env: str | None) -> str:
         "print(json.dumps({'ups': ups.__version__, 'torch': torch.__version__, "
         "'cuda': torch.version.cuda}))"
     )
+    missing = q(f"ups not found: {ups_bin}")
     return with_env(
         remote_env,
-        f'UPS=$(command -v {q(ups_bin)}) || {{ echo "ups not found: {ups_bin}" >&2; exit 127; }}; '
+        f"UPS=$(command -v {q(ups_bin)}) || {{ echo {missing} >&2; exit 127; }}; "
         'PY=$(head -n 1 "$UPS" | sed "s/^#!//"); '
         f"$PY -c {q(probe)}",
     )
+
+
+def pip_install_command(ups_bin: str, wheel: str) -> str:
+    """Install ``wheel`` into the interpreter that runs ``ups_bin`` (``--sync-wheel``)."""
+    return (
+        f'UPS=$(command -v {q(ups_bin)}); PY=$(head -n 1 "$UPS" | sed "s/^#!//"); '
+        f"$PY -m pip install --quiet --no-deps --force-reinstall {q(wheel)}"
+    )
+
+
+def preflight_argv(
+    ups_bin: str, config: str | None, gpus: int, *, check_port: bool = True
+) -> list[str]:
+    """``ups preflight`` as deploy runs it: the table once, no repeated JSON events.
+
+    ``check_port=False`` leaves the master-port check out, as ``ups launch``'s own gate
+    does where the port is not this host's to hold: a single node moves to a free port
+    by itself, and only node 0 of a multi-host job binds the rendezvous port.
+    """
+    words = [ups_bin, "preflight", "--events", "off"]
+    if not check_port:
+        words += ["--skip", "ports"]
+    if config:
+        words += ["--config", config]
+    if gpus:
+        words += ["--gpus", str(gpus)]
+    return words
+
+
+# -- the docker kind ------------------------------------------------------------------------
+
+
+def compose_project(run_id: str) -> str:
+    """Compose project name for a run (compose allows ``[a-z0-9_-]``)."""
+    return "ups-" + re.sub(r"[^a-z0-9_-]", "-", run_id.lower())
+
+
+def docker_argv(docker_host: str | None) -> list[str]:
+    return ["env", f"DOCKER_HOST={docker_host}", "docker"] if docker_host else ["docker"]
+
+
+def compose_argv(
+    *,
+    run: RemoteRun,
+    image: str,
+    compose_files: Sequence[str],
+    docker_host: str | None,
+) -> list[str]:
+    """``docker compose`` with the run's project name, files and environment."""
+    env = {
+        "UPS_IMAGE": image,
+        "UPS_IMAGE_CPU": image,  # the CPU override (docker/compose.cpu.yml) reads this
+        "UPS_RUN_ID": run.run_id,
+        "UPS_CONFIG": posixpath.relpath(run.state("config.yaml"), run.workdir),
+    }
+    if docker_host:
+        env["DOCKER_HOST"] = docker_host
+    files = [w for f in compose_files for w in ("-f", posixpath.basename(f))]
+    return [
+        "env",
+        *(f"{k}={v}" for k, v in env.items()),
+        "docker",
+        "compose",
+        "-p",
+        compose_project(run.run_id),
+        *files,
+    ]
+
+
+def watcher_script(
+    run: RemoteRun, compose: Sequence[str], service: str, docker_host: str | None
+) -> str:
+    """Detached watcher: record the container id, its pid file, and its exit code."""
+    s = run.state
+    docker = argv(*docker_argv(docker_host))
+    return "\n".join(
+        [
+            "#!/bin/sh",
+            f"cd {q(run.workdir)} || exit 1",
+            f"cid=$({argv(*compose, 'ps', '-q', service)})",
+            f'echo "$cid" > {q(s("cid"))}',
+            f"echo $$ > {q(s('pid'))}",
+            f'code=$({docker} wait "$cid")',
+            f'echo "${{code:-1}}" > {q(s("exit.tmp"))}',
+            f"mv {q(s('exit.tmp'))} {q(s('exit'))}",
+            "",
+        ]
+    )
+
+
+def compose_command(run: RemoteRun, compose: Sequence[str], *args: str) -> str:
+    """A compose command run in the workdir with the run's secrets in its environment."""
+    return f"cd {q(run.workdir)} && {secrets_line(run)} && {argv(*compose, *args)}"
+
+
+def prepare_dirs_command(run: RemoteRun, runs_dir: str, owner: str | None) -> str:
+    """Create the state and runs directories; hand the runs volume to the image's user."""
+    mk = mkdir_command(run.state_dir, runs_dir)
+    if not owner:
+        return mk
+    # Best effort: without the right to chown, preflight in the container reports it.
+    return f"{mk} && {{ {argv('chown', owner, runs_dir)} 2>/dev/null || true; }}"
+
+
+def docker_stop_command(run: RemoteRun, docker_host: str | None, timeout_s: float) -> str:
+    """SIGTERM the training container and give it time to write its checkpoint."""
+    docker = argv(*docker_argv(docker_host), "stop", "-t", str(int(timeout_s)))
+    return f"{docker} $(cat {q(run.state('cid'))})"
+
+
+def docker_preflight_command(
+    image: str, docker_host: str | None, gpus: int, config: str | None
+) -> str:
+    """Preflight inside the image, so the checks see what the container sees."""
+    words = [*docker_argv(docker_host), "run", "--rm"]
+    if gpus:
+        words += ["--gpus", "all"]
+    words += ["--ipc", "host", "--network", "host"]
+    mount = '-v "$PWD/data:/app/data"'  # $PWD is the workdir: expanded by the remote shell
+    tail = ["--entrypoint", "ups", image, "preflight", "--events", "off"]
+    if config:
+        tail += ["--config", config]
+    return f"{argv(*words)} {mount} {argv(*tail)}"

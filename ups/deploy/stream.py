@@ -12,7 +12,6 @@ whatever ``tail`` had not yet sent.
 from __future__ import annotations
 
 import contextlib
-import shlex
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 import paramiko
 
 from ups.deploy.errors import DeployError
+from ups.deploy.remote import catch_up_command, follow_command
 from ups.log import get_logger
 
 HEARTBEAT_S = 2.0
@@ -31,26 +31,6 @@ _DROPS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
 
 class ConnectionDropped(Exception):
     """The channel ended without the remote side saying it was done."""
-
-
-def follow_command(path: str, offset: int, done: Sequence[str], heartbeat_s: float) -> str:
-    """The remote shell script: tail from byte ``offset`` until a done file exists."""
-    tests = " && ".join(f"[ ! -e {shlex.quote(p)} ]" for p in done) or "true"
-    ticks = max(1, round(heartbeat_s / 0.2))
-    log = shlex.quote(path)
-    beat = f"n=$((n+1)); if [ $n -ge {ticks} ]; then n=0; printf . >&2 || exit 1; fi"
-    # tail -F on a missing file falls back to 1 s polling even after the file appears,
-    # so wait for the file first; then tail uses inotify and lines arrive in milliseconds.
-    return (
-        f"n=0; while [ ! -e {log} ]; do {tests} || exit 0; sleep 0.1; {beat}; done; "
-        f"tail -s 0.2 -c +{offset + 1} -F {log} 2>/dev/null & T=$!; "
-        "trap 'kill $T 2>/dev/null' EXIT HUP PIPE TERM; "
-        f"while {tests}; do sleep 0.2; {beat}; done; exit 0"
-    )
-
-
-def catch_up_command(path: str, offset: int) -> str:
-    return f"[ -e {shlex.quote(path)} ] && tail -c +{offset + 1} {shlex.quote(path)} || true"
 
 
 @dataclass
@@ -123,7 +103,7 @@ class LogFollower:
                     raise DeployError(
                         f"lost the connection for {self.give_up_after_s:.0f} s while following "
                         f"{self.path} (last error: {err}). The run keeps going remotely; "
-                        f"resume with `fab logs --host HOST --run RUN`."
+                        f"re-attach with `fab logs --host HOST --run RUN`."
                     ) from None
                 self._log.warning(
                     "log stream dropped, reconnecting",

@@ -1,29 +1,50 @@
-"""The operations behind the fabfile's tasks, by host name; each returns an exit code."""
+"""The operations behind the fabfile's tasks, by host name; each returns an exit code.
+
+``--host`` takes one name from hosts.yaml, ``a,b`` or a group: with several hosts,
+deploy runs one job across them (:mod:`ups.deploy.group`) and the follow-up tasks act
+on every host of the job.
+"""
 
 from __future__ import annotations
 
 import os
-import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import execute
-from ups.deploy.errors import DeployError
-from ups.deploy.hosts import get_host
-from ups.deploy.plan import build_plan
+from ups.deploy import execute, group
+from ups.deploy import remote as rc
+from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
+from ups.deploy.fetch import fetch as fetch_one
+from ups.deploy.hosts import get_hosts
+from ups.deploy.plan import DeployPlan, build_plan, check_run_flag, load_run_config
+from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
 
 
-def _target(host: str, hosts_file: str | None, out: TextIO) -> execute.Target:
-    spec, known_hosts = get_host(host, hosts_file)
-    return execute.Target(spec=spec, known_hosts=known_hosts, out=out)
+def _targets(host: str | None, hosts_file: str | None, out: TextIO) -> list[Target]:
+    if not host:
+        raise UsageError(
+            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
+            "group name; `fab --list` shows the tasks."
+        )
+    specs, known_hosts = get_hosts(host, hosts_file)
+    label = len(specs) > 1
+    return [
+        Target(
+            spec=spec,
+            known_hosts=known_hosts,
+            out=out,
+            label=f"[node{i} {spec.name}] " if label else "",
+        )
+        for i, spec in enumerate(specs)
+    ]
 
 
 def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
-    """Run ``fn``; a DeployError becomes its message on stderr and its exit code."""
+    """Run ``fn``; a DeployError becomes its one-paragraph message and its exit code."""
     setup_logging(console=True, stdout=sys.stderr)
     try:
         return fn()
@@ -35,15 +56,17 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
             "interrupted: stopped following only; a started run keeps going remotely "
             "(`fab logs --host HOST` re-attaches, `fab stop --host HOST` stops it)\n"
         )
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def deploy(
-    host: str,
+    host: str | None,
     config: str = "configs/demo.yaml",
     *,
     run: str | None = None,
     hosts_file: str | None = None,
+    overrides: Sequence[str] = (),
+    fresh: bool = False,
     dry_run: bool = False,
     detach: bool = False,
     skip_preflight: bool = False,
@@ -51,27 +74,57 @@ def deploy(
     save: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    target = _target(host, hosts_file, out)
+    """Plan, then (unless ``dry_run``) start and follow a run; see docs/deploy.md."""
+    check_run_flag(run)
+    if run and fresh:
+        raise UsageError("--fresh starts a new run and --run names one: give only one of them")
+    targets = _targets(host, hosts_file, out)
+    cfg = load_run_config(Path(config), overrides)
+    env = dict(os.environ)
+    if len(targets) > 1:
+        plans = group.plan_group(
+            targets,
+            Path(config),
+            cfg=cfg,
+            run_id=run,
+            overrides=list(overrides),
+            follow_logs=not detach,
+            skip_preflight=skip_preflight,
+            env=env,
+        )
+        for t, p in zip(targets, plans, strict=True):
+            t.say(p.render())
+        return 0 if dry_run else group.deploy(targets, plans, env=env)
+    target = targets[0]
     if target.spec.kind == "docker":
-        from ups.deploy import docker_kind
+        from ups.deploy import docker_kind  # the Docker SDK only when a docker host is used
 
         return docker_kind.deploy(
             target,
             Path(config),
+            cfg=cfg,
             run_id=run,
+            overrides=overrides,
+            fresh=fresh,
             dry_run=dry_run,
             detach=detach,
             skip_preflight=skip_preflight,
         )
-    env = dict(os.environ)
-    plan = build_plan(
-        target.spec,
-        Path(config),
-        run_id=run,
-        follow=not detach,
-        skip_preflight=skip_preflight,
-        env=env,
-    )
+
+    def replan(run_id: str | None) -> DeployPlan:
+        return build_plan(
+            target.spec,
+            Path(config),
+            cfg=cfg,
+            run_id=run_id,
+            overrides=overrides,
+            fresh=fresh,
+            follow=not detach,
+            skip_preflight=skip_preflight,
+            env=env,
+        )
+
+    plan = replan(run)
     target.say(plan.render())
     if dry_run:
         return 0
@@ -79,76 +132,93 @@ def deploy(
         target,
         plan,
         env=env,
-        skip_preflight=skip_preflight,
+        replan=replan,
         sync=Path(sync_wheel) if sync_wheel else None,
         mirror=Path(save) if save else None,
     )
 
 
 def preflight(
-    host: str, config: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
+    host: str | None,
+    config: str | None = None,
+    *,
+    hosts_file: str | None = None,
+    out: TextIO = sys.stdout,
 ) -> int:
-    """Run preflight on the host as it is (with a config path on the host, if given)."""
-    target = _target(host, hosts_file, out)
-    spec = target.spec
-    command = f"{spec.ups_bin} preflight"
-    if spec.kind == "docker":
-        # The checks must see what the container sees: run them in the image.
-        docker = (
-            f"env DOCKER_HOST={shlex.quote(spec.docker_host)} docker"
-            if (spec.docker_host)
-            else "docker"
-        )
-        gpus = "--gpus all " if spec.gpus else ""
-        command = (
-            f'{docker} run --rm {gpus}--ipc host --network host -v "$PWD/data:/app/data" '
-            f"--entrypoint ups {shlex.quote(spec.image)} preflight"
-        )
-    if config:
-        command += f" --config {shlex.quote(config)}"
-    conn = target.connect()
-    try:
-        execute.remote_preflight(target, conn, command)
-    finally:
-        conn.close()
-    return 0
+    """Run preflight on each host as it is (with a config path on the host, if given)."""
+
+    def one(target: Target) -> int:
+        spec = target.spec
+        if spec.kind == "docker":
+            # The checks must see what the container sees: run them in the image.
+            command = rc.docker_preflight_command(spec.image, spec.docker_host, spec.gpus, config)
+        else:
+            command = rc.argv(*rc.preflight_argv(spec.ups_bin, config, spec.gpus))
+        conn = target.connect()
+        try:
+            remote_preflight(target, conn, command)
+        finally:
+            conn.close()
+        return 0
+
+    return _on_each(host, hosts_file, out, one)
+
+
+def _on_each(
+    host: str | None, hosts_file: str | None, out: TextIO, fn: Callable[[Target], int]
+) -> int:
+    targets = _targets(host, hosts_file, out)
+    if len(targets) == 1:
+        return fn(targets[0])
+    return group.each(targets, fn)
 
 
 def logs(
-    host: str,
+    host: str | None,
     run: str | None = None,
     *,
     hosts_file: str | None = None,
     save: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    target = _target(host, hosts_file, out)
-    return execute.logs(target, run, Path(save) if save else None)
+    check_run_flag(run)
+    mirror = Path(save) if save else None
+    return _on_each(host, hosts_file, out, lambda t: execute.logs(t, run, mirror))
 
 
 def status(
-    host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
+    host: str | None,
+    run: str | None = None,
+    *,
+    hosts_file: str | None = None,
+    out: TextIO = sys.stdout,
 ) -> int:
-    return execute.status(_target(host, hosts_file, out), run)
+    check_run_flag(run)
+    return _on_each(host, hosts_file, out, lambda t: execute.status(t, run))
 
 
 def stop(
-    host: str,
+    host: str | None,
     run: str | None = None,
     *,
     hosts_file: str | None = None,
     timeout: float = STOP_WAIT_S,
     out: TextIO = sys.stdout,
 ) -> int:
-    return execute.stop(_target(host, hosts_file, out), run, timeout)
+    check_run_flag(run)
+    return _on_each(host, hosts_file, out, lambda t: execute.stop(t, run, timeout))
 
 
 def fetch(
-    host: str,
+    host: str | None,
     run: str | None = None,
     *,
     hosts_file: str | None = None,
     dest: str = "runs",
     out: TextIO = sys.stdout,
 ) -> int:
-    return execute.fetch(_target(host, hosts_file, out), run, Path(dest))
+    check_run_flag(run)
+    targets = _targets(host, hosts_file, out)
+    if len(targets) == 1:
+        return fetch_one(targets[0], run, Path(dest))
+    return group.fetch(targets, run, Path(dest))

@@ -268,7 +268,10 @@ def _preflight(
 ) -> list[str] | None:
     """Run the gate; return the failed checks' names, or None when torchrun may start."""
     if not plan.preflight:
-        log.warning("preflight skipped (--skip-preflight)")
+        if plan.preflight_passed_by:
+            log.info("preflight_passed_before_launch", by=plan.preflight_passed_by)
+        else:
+            log.warning("preflight skipped (--skip-preflight)")
         return None
     from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
 

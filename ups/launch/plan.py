@@ -18,6 +18,7 @@ from ups.config import Config
 from ups.config.schema import DistributedConfig
 from ups.grace import shutdown_timeout_s
 from ups.rundir import RunChoice, choose_run
+from ups.runid import run_id_problem
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -46,6 +47,9 @@ class LaunchRequest:
     output_dir: str | None = None
     master_port: int | None = None
     skip_preflight: bool = False
+    preflight_passed_by: str | None = None
+    """Who already ran preflight on this host for this run (e.g. ``fab deploy``): preflight
+    is skipped without the warning a bare ``--skip-preflight`` earns."""
     preflight_strict: bool = False
     preflight_skip: list[str] = field(default_factory=list)
     """Preflight checks (or groups) to leave out, e.g. ``allreduce`` on a quick relaunch."""
@@ -78,6 +82,8 @@ class LaunchRequest:
             problems.append("--fresh starts a new run id; it cannot be combined with --run-id")
         if self.max_restarts is not None and self.max_restarts < 0:
             problems.append(f"--max-restarts must be at least 0 (got {self.max_restarts})")
+        if self.run_id is not None and (problem := run_id_problem(self.run_id)):
+            problems.append(f"--run-id: {problem}")
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
         if problems:
@@ -115,6 +121,7 @@ class LaunchPlan:
     env: dict[str, str]
     """Variables launch adds to (or defaults in) the workers' environment."""
     preflight: bool
+    preflight_passed_by: str | None
     preflight_strict: bool
     preflight_skip: list[str]
     log_path: str
@@ -276,7 +283,8 @@ def build_plan(
         port_note=port_note,
         torchrun_argv=torchrun_argv,
         env=_worker_env(run_id, str(run_dir), gpu_count, environ),
-        preflight=not req.skip_preflight,
+        preflight=not (req.skip_preflight or req.preflight_passed_by),
+        preflight_passed_by=req.preflight_passed_by,
         preflight_strict=req.preflight_strict,
         preflight_skip=list(req.preflight_skip),
         log_path=str(run_dir / "logs" / "launch.log"),

@@ -1,0 +1,62 @@
+"""Follow a deployed run's launch.log to its end and report how the run ended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fabric import Connection
+
+from ups.console import ConsoleView
+from ups.deploy import remote as rc
+from ups.deploy.runs import read_result
+from ups.deploy.session import Target
+from ups.deploy.stream import LogFollower
+
+
+def follow(
+    target: Target, found: rc.RemoteRun, mirror: Path | None = None, *, offset: int = 0
+) -> int:
+    """Stream the run's launch.log from ``offset`` until it ends; return the run's exit code."""
+    view = ConsoleView(target.out)  # live progress and tables on a terminal, lines otherwise
+    sink = mirror.open("wb") if mirror is not None else None
+    conns: list[Connection] = []
+
+    def open_transport() -> Any:
+        conn = target.connect()
+        conns.append(conn)
+        return conn.transport
+
+    def on_line(line: bytes) -> None:
+        if sink is not None:
+            sink.write(line)
+            sink.flush()
+        view.feed(line.decode("utf-8", "replace").rstrip("\n"))
+
+    follower = LogFollower(
+        open_transport,
+        found.launch_log,
+        found.done_files,
+        on_line,
+        offset=offset,
+        heartbeat_s=float(target.spec.keepalive_s),
+    )
+    try:
+        stats = follower.follow()
+        code, outcome = read_result(conns[-1], found, target.spec)
+    finally:
+        view.close()
+        follower.close()
+        for c in conns:
+            c.close()
+        if sink is not None:
+            sink.close()
+    summary = f"run {found.run_id}: {stats.lines} log lines, {stats.reconnects} reconnects; "
+    if outcome is not None:
+        summary += f"{outcome.outcome} (exit {code}): {outcome.reason}"
+    else:
+        summary += f"launcher exited {code} without writing outcome.json (see {found.state_dir})"
+    target.say(summary)
+    if code not in (0,) and found.deployed:
+        target.say(f"to continue it, run the same `fab deploy` again (or add --run {found.run_id})")
+    return code

@@ -1,0 +1,93 @@
+"""What every host kind shares: a resolved target, its verified connection, remote commands.
+
+:mod:`ups.deploy.execute` (the ``container`` kind and the follow-up tasks) and
+:mod:`ups.deploy.docker_kind` both build on this module and never on each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from fabric import Connection
+
+from ups.deploy import remote as rc
+from ups.deploy.connect import connect
+from ups.deploy.errors import PreflightFailed
+from ups.deploy.hosts import HostSpec
+from ups.log import render_line
+
+_SAY = threading.Lock()
+"""Nodes of one job are followed in threads; a line is written whole, never interleaved."""
+
+
+@dataclass
+class Target:
+    """A host from hosts.yaml, where its keys are checked, and where output goes."""
+
+    spec: HostSpec
+    known_hosts: Path
+    out: TextIO
+    label: str = ""
+    """Prefix for every line shown for this host (``[node1] ``) when a job spans hosts."""
+
+    def connect(self) -> Connection:
+        return connect(self.spec, self.known_hosts)
+
+    def say(self, text: str) -> None:
+        if self.label:
+            text = "\n".join(f"{self.label}{line}" for line in text.split("\n"))
+        with _SAY:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+
+def run(conn: Connection, command: str, spec: HostSpec) -> Any:
+    """Run a shell command built by :mod:`ups.deploy.remote`; never raises on exit status."""
+    return conn.run(rc.with_env(spec.remote_env, command), hide=True, warn=True, in_stream=False)
+
+
+def write_private(conn: Connection, path: str, text: str) -> None:
+    """Write ``text`` to a remote file that only its owner can read (mode 0600 before data)."""
+    sftp = conn.sftp()
+    with sftp.open(path, "w") as fh:
+        fh.chmod(0o600)
+        fh.write(text.encode())
+
+
+def write_text(conn: Connection, path: str, text: str) -> None:
+    with conn.sftp().open(path, "w") as fh:
+        fh.write(text.encode())
+
+
+def show_report(target: Target, text: str) -> None:
+    """Show the remote preflight output once; JSON log lines are rendered for people.
+
+    The preflight CLI prints its table and, off a terminal, the same results again as
+    JSON events. The table is for people: JSON lines that repeat a check are dropped.
+    """
+    colors = target.out.isatty()
+    lines = [
+        render_line(line, colors=colors)
+        for line in text.rstrip().splitlines()
+        if not _is_check_event(line)
+    ]
+    target.say(f"remote preflight on {target.spec.name}:\n" + "\n".join(lines))
+
+
+def _is_check_event(line: str) -> bool:
+    return line.startswith("{") and '"check"' in line
+
+
+def remote_preflight(target: Target, conn: Connection, command: str) -> None:
+    """Run preflight on the host and show its report; raise with the report on failure."""
+    spec = target.spec
+    result = run(conn, rc.in_dir(spec.workdir, command), spec)
+    show_report(target, result.stdout + result.stderr)
+    if result.exited != 0:
+        raise PreflightFailed(
+            f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was started. "
+            "Fix the failing checks above (each names its fix) and deploy again."
+        )
