@@ -11,7 +11,7 @@ from typing import TextIO
 
 from ups.deploy import execute
 from ups.deploy.errors import DeployError
-from ups.deploy.hosts import get_host
+from ups.deploy.hosts import HostSpec, get_host
 from ups.deploy.plan import build_plan
 from ups.log import setup_logging
 
@@ -51,6 +51,20 @@ def deploy(
     out: TextIO = sys.stdout,
 ) -> int:
     target = _target(host, hosts_file, out)
+    if target.spec.kind == "vast":
+        from ups.deploy.vast import ops
+
+        return ops.deploy(
+            target.spec,
+            target.known_hosts,
+            Path(config),
+            out,
+            run_id=run,
+            dry_run=dry_run,
+            detach=detach,
+            skip_preflight=skip_preflight,
+            mirror=Path(save) if save else None,
+        )
     if target.spec.kind == "docker":
         from ups.deploy import docker_kind
 
@@ -151,3 +165,27 @@ def fetch(
     out: TextIO = sys.stdout,
 ) -> int:
     return execute.fetch(_target(host, hosts_file, out), run, Path(dest))
+
+
+def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
+    from ups.deploy.vast import ops
+
+    return ops.instances(_vast_spec(host, hosts_file), out)
+
+
+def down(
+    host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
+) -> int:
+    from ups.deploy.vast import ops
+
+    return ops.down(_vast_spec(host, hosts_file), out, run)
+
+
+def _vast_spec(host: str, hosts_file: str | None) -> HostSpec:
+    spec, _known = get_host(host, hosts_file)
+    if spec.kind != "vast":
+        raise DeployError(
+            f"host {host!r} is kind {spec.kind}, not vast: `fab instances` and `fab down` "
+            "manage Vast instances that ups created. Pass a `kind: vast` entry."
+        )
+    return spec
