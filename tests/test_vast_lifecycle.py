@@ -171,7 +171,7 @@ def test_watchdog_destroys_after_max_hours_without_laptop(
     assert fake_vast.wait_empty(timeout=240), "the watchdog did not destroy the instance"
     disk = inst.root / "disk" / "workspace"
     log = (disk / ".ups" / "vast" / "watchdog.log").read_text()
-    assert "max_hours reached" in log and "watchdog ended instance" in log
+    assert "max_hours reached" in log and "watchdog ending instance" in log
     key_path = disk / ".ups" / "vast" / "watchdog.key"
     assert key_path.stat().st_mode & 0o777 == 0o600
     outcome = json.loads((disk / "runs" / "laptop-gone" / "outcome.json").read_text())

@@ -127,6 +127,8 @@ class Watchdog:
             _log("watchdog cannot act: no CONTAINER_ID or no key", action=self.action)
             return True
         api = VastApi(self.server_url, api_key=key)
+        # Logged first: a destroy that works kills this process with the instance.
+        _log("watchdog ending instance", instance=instance, action=self.action)
         try:
             if self.action == "destroy":
                 try:
@@ -141,7 +143,6 @@ class Watchdog:
         except VastApiError as err:
             _log("watchdog API call failed, retrying in a minute", error=str(err))
             return False
-        _log("watchdog ended instance", instance=instance, action=self.action)
         return True
 
     def run(self) -> int:
