@@ -184,7 +184,7 @@ def test_detach_then_instances_and_down(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
     """`--detach` leaves the instance to its watchdog; `fab instances` lists it with its run,
-    state and price; `fab down --run` destroys it."""
+    state and price; `fab status --host vast` finds it by label; `fab down --run` destroys it."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
     config = _config(tmp_path, max_steps=100_000)
     env = fab_env(fake_vast, tmp_path)
@@ -200,6 +200,10 @@ def test_detach_then_instances_and_down(
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if str(inst.id) in line)
     assert "running" in row and "detached" in row and "0.627" in row
+    status = fab_here(tmp_path, "status", "--host", "vast", "--hosts-file", str(hosts),
+                      "--run", "detached", env=env, timeout=60)  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert "run detached on vast: running" in status.stdout
     down = fab_here(tmp_path, "down", "--host", "vast", "--hosts-file", str(hosts),
                     "--run", "detached", env=env, timeout=60)  # fmt: skip
     assert down.returncode == 0, down.stderr

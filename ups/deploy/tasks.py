@@ -16,8 +16,14 @@ from ups.deploy.plan import build_plan
 from ups.log import setup_logging
 
 
-def _target(host: str, hosts_file: str | None, out: TextIO) -> execute.Target:
+def _target(
+    host: str, hosts_file: str | None, out: TextIO, run: str | None = None
+) -> execute.Target:
     spec, known_hosts = get_host(host, hosts_file)
+    if spec.kind == "vast":  # the instance ups rented for this entry (and run), by its label
+        from ups.deploy.vast import ops
+
+        spec = ops.attach(spec, run)
     return execute.Target(spec=spec, known_hosts=known_hosts, out=out)
 
 
@@ -50,13 +56,13 @@ def deploy(
     save: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    target = _target(host, hosts_file, out)
-    if target.spec.kind == "vast":
+    spec, known_hosts = get_host(host, hosts_file)
+    if spec.kind == "vast":
         from ups.deploy.vast import ops
 
         return ops.deploy(
-            target.spec,
-            target.known_hosts,
+            spec,
+            known_hosts,
             Path(config),
             out,
             run_id=run,
@@ -65,6 +71,7 @@ def deploy(
             skip_preflight=skip_preflight,
             mirror=Path(save) if save else None,
         )
+    target = _target(host, hosts_file, out)
     if target.spec.kind == "docker":
         from ups.deploy import docker_kind
 
@@ -135,14 +142,14 @@ def logs(
     save: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    target = _target(host, hosts_file, out)
+    target = _target(host, hosts_file, out, run)
     return execute.logs(target, run, Path(save) if save else None)
 
 
 def status(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    return execute.status(_target(host, hosts_file, out), run)
+    return execute.status(_target(host, hosts_file, out, run), run)
 
 
 def stop(
@@ -153,7 +160,7 @@ def stop(
     timeout: float = 180.0,
     out: TextIO = sys.stdout,
 ) -> int:
-    return execute.stop(_target(host, hosts_file, out), run, timeout)
+    return execute.stop(_target(host, hosts_file, out, run), run, timeout)
 
 
 def fetch(
@@ -164,7 +171,7 @@ def fetch(
     dest: str = "runs",
     out: TextIO = sys.stdout,
 ) -> int:
-    return execute.fetch(_target(host, hosts_file, out), run, Path(dest))
+    return execute.fetch(_target(host, hosts_file, out, run), run, Path(dest))
 
 
 def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:

@@ -160,6 +160,7 @@ class Lifecycle:
                 continue
             conn.close()
             self.mark("ssh")
+            self.say(f"ssh ready on {inst.ssh_host}:{inst.ssh_port}, host key recorded")
             return execute.Target(spec=spec, known_hosts=self.known_hosts, out=self.out)
         raise InstanceFailed(
             f"instance {inst.id} never answered SSH at {inst.ssh_host}:{inst.ssh_port} within "

@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 from typing import TextIO
 
+from ups.deploy.errors import DeployError
 from ups.deploy.hosts import HostSpec
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
-from ups.deploy.vast.instance import Instance, label_for
+from ups.deploy.vast.instance import Instance, State, label_for
 from ups.deploy.vast.lifecycle import Lifecycle, describe_timings, run
-from ups.deploy.vast.plan import build_vast_plan
+from ups.deploy.vast.plan import build_vast_plan, container_spec
 
 
 def _watchdog_key(spec: HostSpec) -> str | None:
@@ -101,3 +102,27 @@ def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
             f"destroyed instance {inst.id} ({inst.label}), about ${inst.cost_so_far:.2f} so far\n"
         )
     return 0
+
+
+def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
+    """The container host a running instance of this entry is (for logs, status, stop, fetch).
+
+    The newest running instance labelled for ``run_id`` (any run when None); its host key
+    was recorded when deploy first reached it.
+    """
+    api = VastApi(spec.vast_url)
+    wanted = label_for(spec.name, run_id) if run_id else None
+    running = [
+        i
+        for i in ups_instances(api, spec.name)
+        if i.state is State.RUNNING and (wanted is None or i.label == wanted)
+    ]
+    if not running:
+        what = f"run {run_id}" if run_id else f"host {spec.name!r}"
+        raise DeployError(
+            f"no running Vast instance for {what}: `fab instances` lists what exists; "
+            f"`fab deploy --host {spec.name}` rents one."
+        )
+    inst = min(running, key=lambda i: i.duration_s)
+    assert inst.ssh_host and inst.ssh_port
+    return container_spec(spec, inst.ssh_host, inst.ssh_port)
