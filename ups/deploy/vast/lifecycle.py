@@ -124,7 +124,8 @@ class Lifecycle:
                 self.say(f"instance {instance_id} running; ssh {last.ssh_host}:{last.ssh_port}")
                 self.mark("running")
                 return last
-            if state in (State.FAILED, State.GONE, State.STOPPED, State.OUTBID):
+            # OUTBID while booting is a bid not (yet) scheduled: keep waiting to the deadline.
+            if state in (State.FAILED, State.GONE, State.STOPPED):
                 msg = last.status_msg if last else "the API no longer lists it"
                 raise InstanceFailed(
                     f"instance {instance_id} will not run ({state.value}): {msg or 'no message'}. "
