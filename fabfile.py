@@ -133,3 +133,15 @@ def fetch(
 ) -> None:
     """Copy everything the run wrote (checkpoints, outcome, logs, config, W&B) to DEST/<run>."""
     _exit(lambda: tasks.fetch(host, run, hosts_file=hosts_file, dest=dest))
+
+
+@task(help={"host": "a kind: vast entry (its API settings)", "hosts-file": "hosts file to read"})
+def instances(c: Any, host: str = "vast", hosts_file: str | None = None) -> None:
+    """List every ups-labelled Vast instance: state, run, $/h and cost so far."""
+    _exit(lambda: tasks.instances(host, hosts_file=hosts_file))
+
+
+@task(help={**_HOST, "run": "only this run's instance (default: every one of this host)"})
+def down(c: Any, host: str, run: str | None = None, hosts_file: str | None = None) -> None:
+    """Destroy the Vast instances ups created for this host entry (or one run)."""
+    _exit(lambda: tasks.down(host, run, hosts_file=hosts_file))

@@ -38,10 +38,12 @@ def test_invalid_hosts_file_names_the_key(tmp_path: Path) -> None:
 
 
 def test_example_hosts_file_is_valid() -> None:
-    """The shipped configs/hosts.yaml example loads and defines `vast` as a container host."""
+    """The shipped configs/hosts.yaml example loads: `vast` rents an instance, `vast-ssh` is
+    an instance by address (a container host)."""
     spec, known = get_host("vast", REPO / "configs" / "hosts.yaml")
-    assert spec.kind == "container"
+    assert spec.kind == "vast"
     assert known.name == "known_hosts"
+    assert get_host("vast-ssh", REPO / "configs" / "hosts.yaml")[0].kind == "container"
 
 
 def test_plan_shows_steps_and_never_secret_values(tmp_path: Path) -> None:

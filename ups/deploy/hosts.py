@@ -23,14 +23,21 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from ups.deploy.errors import UsageError
 
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
-HostKind = Literal["container", "docker"]
+HostKind = Literal["container", "docker", "vast"]
 
 _SAFE = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./@:+=-]*")
 
@@ -58,7 +65,7 @@ class HostSpec(_Strict):
 
     name: str = ""
     """The key in hosts.yaml (filled in by the loader)."""
-    host: str
+    host: str = ""
     """Address or ``~/.ssh/config`` alias (its HostName, Port, User, IdentityFile apply)."""
     port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
@@ -97,6 +104,40 @@ class HostSpec(_Strict):
     """OpenSSH client config to read aliases from (default: ``~/.ssh/config``)."""
     connect_timeout: float = Field(10.0, gt=0)
     keepalive_s: int = Field(5, ge=1)
+
+    # kind: vast -- no address: ups rents one (ups/deploy/vast/, docs/vast.md).
+    offer: str | None = None
+    """vast: offer query in `vastai search offers` syntax (``gpu_name=RTX_4090 num_gpus=2``)."""
+    order: str = "dph_total"
+    """vast: sort order of the search; the first offer under the price cap is taken."""
+    max_price_per_hour: float | None = Field(None, gt=0)
+    """vast: price cap in $/h (``dph_total`` on demand, the bid when interruptible)."""
+    disk_gb: float = Field(32.0, gt=0)
+    interruptible: bool | float = False
+    """vast: ``true`` bids the offer's minimum bid; a number bids that many $/h."""
+    max_hours: float = Field(12.0, gt=0)
+    """vast: the instance-side watchdog stops the run and ends the instance after this."""
+    on_exit: Literal["destroy", "stop", "keep"] = "destroy"
+    setup: str | None = None
+    """vast: shell command run in ``workdir`` before preflight (e.g. fetch the data)."""
+    vast_url: str | None = None
+    """vast: API server (default: the SDK's, console.vast.ai)."""
+    watchdog_key_file: str | None = None
+    """vast: local file with a scoped API key for the watchdog (else the instance's own)."""
+    watchdog_grace_s: float = Field(300.0, ge=0)
+    """vast: after a run ends, how long the watchdog leaves for a laptop to fetch it."""
+    boot_timeout_s: float = Field(900.0, gt=0)
+    """vast: from create to SSH answering (image pull, boot, key install) before giving up."""
+
+    @model_validator(mode="after")
+    def _address_or_offer(self) -> HostSpec:
+        if self.kind == "vast":
+            missing = [f for f in ("offer", "max_price_per_hour") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"kind vast needs {' and '.join(missing)}")
+        elif not self.host:
+            raise ValueError(f"kind {self.kind} needs 'host' (an address or ~/.ssh/config alias)")
+        return self
 
 
 class HostsFile(_Strict):

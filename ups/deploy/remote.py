@@ -202,6 +202,11 @@ def tar_run_command(run: RemoteRun) -> str:
     return argv("tar", "-C", parent, "-cf", "-", name)
 
 
+def write_word_command(path: str, word: str) -> str:
+    """Write one word (a number, an id) to ``path`` on the host."""
+    return f"echo {q(word)} > {q(path)}"
+
+
 def run_size_command(run: RemoteRun) -> str:
     """Print the run directory's apparent size in bytes (close to its tar's: a fetch ETA)."""
     return argv("du", "-sb", run.run_dir) + " | cut -f1"

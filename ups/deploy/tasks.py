@@ -17,20 +17,27 @@ from ups.deploy import execute, group
 from ups.deploy import remote as rc
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
-from ups.deploy.hosts import get_hosts
+from ups.deploy.hosts import HostSpec, get_host, get_hosts
 from ups.deploy.plan import DeployPlan, build_plan, check_run_flag, load_run_config
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
 
 
-def _targets(host: str | None, hosts_file: str | None, out: TextIO) -> list[Target]:
+def _targets(
+    host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
+) -> list[Target]:
     if not host:
         raise UsageError(
             "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
             "group name; `fab --list` shows the tasks."
         )
     specs, known_hosts = get_hosts(host, hosts_file)
+    if any(spec.kind == "vast" for spec in specs):
+        from ups.deploy.vast import ops  # the Vast SDK only when a vast entry is used
+
+        # The instance ups rented for this entry (and run), found by its label.
+        specs = [ops.attach(spec, run) if spec.kind == "vast" else spec for spec in specs]
     label = len(specs) > 1
     return [
         Target(
@@ -78,6 +85,27 @@ def deploy(
     check_run_flag(run)
     if run and fresh:
         raise UsageError("--fresh starts a new run and --run names one: give only one of them")
+    specs, known_hosts = get_hosts(host, hosts_file) if host else ([], Path())
+    if any(spec.kind == "vast" for spec in specs):
+        if len(specs) > 1:
+            raise UsageError(
+                f"--host {host}: a vast entry rents its own single instance; it cannot be a "
+                "node of a multi-host job yet. Deploy it alone (--host NAME)."
+            )
+        from ups.deploy.vast import ops  # rent, run, fetch, end the instance
+
+        return ops.deploy(
+            specs[0],
+            known_hosts,
+            Path(config),
+            out,
+            run_id=run,
+            overrides=tuple(overrides),
+            dry_run=dry_run,
+            detach=detach,
+            skip_preflight=skip_preflight,
+            mirror=Path(save) if save else None,
+        )
     targets = _targets(host, hosts_file, out)
     cfg = load_run_config(Path(config), overrides)
     env = dict(os.environ)
@@ -165,9 +193,13 @@ def preflight(
 
 
 def _on_each(
-    host: str | None, hosts_file: str | None, out: TextIO, fn: Callable[[Target], int]
+    host: str | None,
+    hosts_file: str | None,
+    out: TextIO,
+    fn: Callable[[Target], int],
+    run: str | None = None,
 ) -> int:
-    targets = _targets(host, hosts_file, out)
+    targets = _targets(host, hosts_file, out, run)
     if len(targets) == 1:
         return fn(targets[0])
     return group.each(targets, fn)
@@ -183,7 +215,7 @@ def logs(
 ) -> int:
     check_run_flag(run)
     mirror = Path(save) if save else None
-    return _on_each(host, hosts_file, out, lambda t: execute.logs(t, run, mirror))
+    return _on_each(host, hosts_file, out, lambda t: execute.logs(t, run, mirror), run)
 
 
 def status(
@@ -194,7 +226,7 @@ def status(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.status(t, run))
+    return _on_each(host, hosts_file, out, lambda t: execute.status(t, run), run)
 
 
 def stop(
@@ -206,7 +238,7 @@ def stop(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.stop(t, run, timeout))
+    return _on_each(host, hosts_file, out, lambda t: execute.stop(t, run, timeout), run)
 
 
 def fetch(
@@ -218,7 +250,31 @@ def fetch(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    targets = _targets(host, hosts_file, out)
+    targets = _targets(host, hosts_file, out, run)
     if len(targets) == 1:
         return fetch_one(targets[0], run, Path(dest))
     return group.fetch(targets, run, Path(dest))
+
+
+def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
+    from ups.deploy.vast import ops
+
+    return ops.instances(_vast_spec(host, hosts_file), out)
+
+
+def down(
+    host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
+) -> int:
+    from ups.deploy.vast import ops
+
+    return ops.down(_vast_spec(host, hosts_file), out, run)
+
+
+def _vast_spec(host: str, hosts_file: str | None) -> HostSpec:
+    spec, _known = get_host(host, hosts_file)
+    if spec.kind != "vast":
+        raise UsageError(
+            f"host {host!r} is kind {spec.kind}, not vast: `fab instances` and `fab down` "
+            "manage Vast instances that ups created. Pass a `kind: vast` entry."
+        )
+    return spec

@@ -1,0 +1,498 @@
+"""FAKE Vast REST API on 127.0.0.1, serving exactly the paths the real ``vastai`` SDK calls.
+
+Only Vast's control plane is fake. Each instance it creates is real: an sshd running as
+PID 1 of its own PID and mount namespace (``unshare``), with the instance's own disk
+bind-mounted over the hosts entry's workdir, ``CONTAINER_ID``/``CONTAINER_API_KEY`` in
+its init environment (as on Vast), and the onstart script run at boot. Its shell finds
+the ups installed in this checkout's .venv, the way a Vast instance runs the ups image.
+Stopping or destroying it kills PID 1, which the kernel turns into SIGKILL for every
+process of the instance: sshd, sessions, the run, the watchdog.
+
+Paths (from vastai 1.9 ``vastai/api``): POST /api/v0/bundles/ (search offers), PUT
+/api/v0/asks/{offer}/ (create), GET /api/v0/instances/{id}/ (show), GET /api/v1/instances/
+(list, paginated), PUT /api/v0/instances/{id}/ (stop/start/label), DELETE
+/api/v0/instances/{id}/ (destroy), PUT /api/v0/instances/request_logs/{id}/ (logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
+
+OFFER_FIELDS = {
+    "id", "gpu_name", "num_gpus", "reliability", "dph_total", "min_bid", "inet_down",
+    "disk_space", "verified", "external", "rentable", "rented", "geolocation", "cuda_max_good",
+}  # fmt: skip
+PULL_ERROR = (
+    "Error response from daemon: pull access denied for {image}, repository does not exist "
+    "or may require 'docker login': denied: requested access to the resource is denied"
+)
+
+
+def default_offers() -> list[dict[str, Any]]:
+    base = {"verified": True, "external": False, "rentable": True, "rented": False}
+    rows = [
+        (101, "RTX 4090", 2, 0.995, 0.80, 0.30, "Norway, NO"),
+        (102, "RTX 4090", 2, 0.990, 0.62, 0.25, "Canada, CA"),
+        (103, "RTX 3090", 1, 0.980, 0.21, 0.08, "Texas, US"),
+        (104, "H100 SXM", 8, 0.999, 18.5, 9.0, "Iowa, US"),
+    ]
+    return [
+        {**base, "id": i, "gpu_name": g, "num_gpus": n, "reliability": r, "dph_base": p,
+         "min_bid": b, "geolocation": geo, "inet_down": 900.0, "disk_space": 200.0,
+         "cuda_max_good": 12.8, "storage_cost": 0.15, "machine_id": i * 10}
+        for i, g, n, r, p, b, geo in rows
+    ]  # fmt: skip
+
+
+@dataclass
+class FakeInstance:
+    id: int
+    offer: dict[str, Any]
+    image: str
+    label: str
+    onstart: str
+    env: dict[str, str]
+    disk_gb: float
+    bid: float | None
+    container_key: str
+    root: Path
+    workdir: str
+    start_date: float = field(default_factory=time.time)
+    actual_status: str | None = "loading"
+    intended_status: str = "running"
+    cur_state: str = "running"
+    status_msg: str = ""
+    port: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    billed_s: dict[str, float] = field(default_factory=lambda: {"running": 0.0, "stopped": 0.0})
+    _since: float = field(default_factory=time.monotonic)
+
+    @property
+    def dph_total(self) -> float:
+        if self.bid is not None:
+            return self.bid
+        return float(self.offer["dph_total"])
+
+    def tick(self) -> None:
+        """Bill the time since the last tick in the state the instance was in."""
+        now = time.monotonic()
+        key = "running" if self.actual_status in ("running", "loading") else "stopped"
+        self.billed_s[key] += now - self._since
+        self._since = now
+
+    def row(self) -> dict[str, Any]:
+        ports = {"22/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(self.port)}]}
+        return {
+            "id": self.id, "label": self.label, "actual_status": self.actual_status,
+            "intended_status": self.intended_status, "cur_state": self.cur_state,
+            "next_state": self.cur_state, "status_msg": self.status_msg,
+            "ssh_host": "127.0.0.1" if self.port else None, "ssh_port": self.port,
+            "public_ipaddr": "127.0.0.1", "ports": ports if self.port else {},
+            "dph_total": self.dph_total, "is_bid": self.bid is not None,
+            "start_date": self.start_date, "extra_env": [[k, v] for k, v in self.env.items()],
+            "image_uuid": self.image, "gpu_name": self.offer["gpu_name"],
+            "num_gpus": self.offer["num_gpus"], "disk_space": self.disk_gb,
+            "machine_id": self.offer["machine_id"], "onstart": self.onstart,
+        }  # fmt: skip
+
+
+@dataclass
+class Switches:
+    """Fault injection; tests flip these between requests."""
+
+    reject_auth: bool = False
+    rate_limit_next: int = 0
+    create_error_after_create: bool = False
+    never_running: bool = False
+    image_pull_fails: bool = False
+    boot_s: float = 0.5
+    key_delay_s: float = 1.0
+    container_key_can_destroy: bool = False
+
+
+class FakeVast:
+    """The FAKE Vast control plane plus real instances; use as a context manager."""
+
+    def __init__(self, root: Path, workdir: Path, account_keys: list[Path]) -> None:
+        self.root = root
+        self.workdir = workdir
+        self.account_keys = account_keys
+        self.api_key = "fake-account-" + secrets.token_hex(8)
+        self.scoped_keys: set[str] = set()
+        self.offers = default_offers()
+        self.switches = Switches()
+        self.instances: dict[int, FakeInstance] = {}
+        self.destroyed: dict[int, FakeInstance] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.RLock()
+        self._ids = itertools.count(7000001)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeVast:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        for inst in list(self.instances.values()):
+            self._kill(inst)
+
+    # -- what tests look at -------------------------------------------------------------
+    def live(self) -> list[FakeInstance]:
+        with self.lock:
+            return list(self.instances.values())
+
+    def wait_empty(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.live():
+                return True
+            time.sleep(0.5)  # polling the fake's own state
+        return False
+
+    # -- the API ------------------------------------------------------------------------
+    def authorize(self, key: str, method: str, path: str) -> str | None:
+        """None when allowed, else the reason (401 body)."""
+        if self.switches.reject_auth:
+            return "Invalid user key"
+        if key == self.api_key or key in self.scoped_keys:
+            return None
+        for inst in self.live():
+            if key == inst.container_key:
+                own = re.fullmatch(rf"/api/v0/instances/{inst.id}/", path)
+                if own and (method != "DELETE" or self.switches.container_key_can_destroy):
+                    return None
+                return "instance key may only manage its own instance"
+        return "Invalid user key"
+
+    def search(self, q: dict[str, Any]) -> tuple[int, Any]:
+        storage = float(q.pop("allocated_storage", 5.0))
+        order = q.pop("order", [["score", "desc"]])
+        for key in ("type", "limit", "disable_bundling"):
+            q.pop(key, None)
+        unknown = sorted(set(q) - OFFER_FIELDS)
+        if unknown:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": f"unknown search field(s): {', '.join(unknown)}"}  # fmt: skip
+        rows = []
+        for offer in self.offers:
+            row = {**offer, "dph_total": round(
+                offer["dph_base"] + offer["storage_cost"] * storage / 730.0, 4)}  # fmt: skip
+            if all(_matches(row.get(k), cond) for k, cond in q.items()):
+                rows.append(row)
+        for key, direction in reversed(order):
+            if key in ("score",):
+                continue
+            rows.sort(key=lambda r: r.get(key) or 0, reverse=direction == "desc")
+        return 200, {"offers": rows}
+
+    def create(self, offer_id: int, body: dict[str, Any]) -> tuple[int, Any]:
+        offer = next((o for o in self.offers if o["id"] == offer_id), None)
+        if offer is None:
+            return 404, {"success": False, "error": "no_such_ask", "msg": "offer not found"}
+        _status, found = self.search({"id": {"eq": offer_id}, "allocated_storage": body["disk"]})
+        inst = FakeInstance(
+            id=next(self._ids), offer=found["offers"][0], image=str(body.get("image")),
+            label=str(body.get("label") or ""), onstart=str(body.get("onstart") or ""),
+            env=dict(body.get("env") or {}), disk_gb=float(body["disk"]),
+            bid=body.get("price"), container_key="fake-container-" + secrets.token_hex(8),
+            root=self.root / "instances" / "pending", workdir=str(self.workdir),
+        )  # fmt: skip
+        inst.root = self.root / "instances" / str(inst.id)
+        with self.lock:
+            self.instances[inst.id] = inst
+        threading.Thread(target=self._boot, args=(inst,), daemon=True).start()
+        if self.switches.create_error_after_create:
+            return 500, {"success": False, "error": "server_error", "msg": "gateway timeout"}
+        return 200, {"success": True, "new_contract": inst.id}
+
+    def set_state(self, inst: FakeInstance, body: dict[str, Any]) -> dict[str, Any]:
+        if "label" in body:
+            inst.label = str(body["label"])
+        if body.get("state") == "stopped":
+            inst.tick()
+            self._kill(inst)
+            inst.actual_status, inst.cur_state = "exited", "stopped"
+            inst.intended_status = "stopped"
+        return {"success": True}
+
+    def outbid(self, instance_id: int) -> None:
+        """What Vast shows when a higher bid takes the machine: stopped, still wanted running."""
+        inst = self.instances[instance_id]
+        inst.tick()
+        self._kill(inst)
+        inst.actual_status, inst.cur_state, inst.intended_status = "exited", "stopped", "running"
+
+    def destroy(self, instance_id: int) -> None:
+        with self.lock:
+            inst = self.instances.pop(instance_id)
+            self.destroyed[instance_id] = inst
+        inst.tick()
+        self._kill(inst)
+
+    # -- real instances -----------------------------------------------------------------
+    def _boot(self, inst: FakeInstance) -> None:
+        time.sleep(self.switches.boot_s)  # image pull and container start
+        if self.switches.image_pull_fails:
+            inst.status_msg = PULL_ERROR.format(image=inst.image)
+            return
+        if self.switches.never_running or inst.id not in self.instances:
+            return
+        self._start(inst)
+        inst.tick()
+        inst.actual_status = "running"
+        time.sleep(self.switches.key_delay_s)  # Vast installs the account keys after this
+        keys = "".join(k.with_suffix(".pub").read_text() for k in self.account_keys)
+        (inst.root / "ssh" / "authorized_keys").write_text(keys)
+
+    def _start(self, inst: FakeInstance) -> None:
+        ssh = inst.root / "ssh"
+        disk = inst.root / "disk"
+        for d in (ssh, disk / "workspace", disk / "home"):
+            d.mkdir(parents=True, exist_ok=True)
+        if not (ssh / "host_ed25519").exists():
+            _keygen(ssh / "host_ed25519")
+        (ssh / "authorized_keys").touch()
+        inst.port = free_port()
+        config = ssh / "sshd_config"
+        config.write_text(
+            f"Port {inst.port}\nListenAddress 127.0.0.1\nHostKey {ssh / 'host_ed25519'}\n"
+            f"AuthorizedKeysFile {ssh / 'authorized_keys'}\nPidFile {ssh / 'sshd.pid'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nMaxStartups 100\n"
+            "MaxSessions 100\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
+        )
+        env = {
+            **inst.env, "CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.container_key,
+            "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(disk / "home"),
+            "ONSTART": inst.onstart, "DISK": str(disk / "workspace"),
+            "WORKDIR": inst.workdir, "ONSTART_LOG": str(inst.root / "onstart.log"),
+        }  # fmt: skip
+        init = (
+            'mount --bind "$DISK" "$WORKDIR" || exit 1; '
+            '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); '
+            f"exec {SSHD} -D -e -f {config}"
+        )
+        log = (inst.root / "sshd.log").open("ab")
+        inst.proc = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", init],
+            env=env, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+        _wait_port(inst.port, inst.proc)
+
+    def _kill(self, inst: FakeInstance) -> None:
+        """End the instance's PID namespace: every process in it dies with its PID 1."""
+        if inst.proc is not None and inst.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(inst.proc.pid, signal.SIGKILL)
+            inst.proc.wait(timeout=30)
+        inst.actual_status = "exited" if inst.actual_status == "running" else inst.actual_status
+
+    def namespace_pids(self, inst: FakeInstance) -> list[int]:
+        """Pids (host view) of processes in the instance's namespace: empty once it is gone."""
+        if inst.proc is None:
+            return []
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if str(inst.id) == _environ(entry).get("CONTAINER_ID"):
+                        out.append(int(entry.name))
+        return out
+
+    def cleanup_disks(self) -> None:
+        shutil.rmtree(self.root / "instances", ignore_errors=True)
+
+
+def _environ(proc_dir: Path) -> dict[str, str]:
+    raw = (proc_dir / "environ").read_bytes().split(b"\0")
+    pairs = (item.decode(errors="replace").partition("=") for item in raw if b"=" in item)
+    return {k: v for k, _, v in pairs}
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    import socket
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        time.sleep(0.05)  # waiting for the instance's sshd to listen
+    raise RuntimeError(f"fake instance sshd did not listen on {port}")
+
+
+def _matches(value: Any, cond: dict[str, Any]) -> bool:
+    return all(_holds(value, op, want) for op, want in cond.items())
+
+
+def _holds(value: Any, op: str, want: Any) -> bool:
+    if isinstance(want, str) and isinstance(value, int | float):
+        want = float(want)
+    if op in ("eq", "neq"):
+        return (value == want) == (op == "eq")
+    if op in ("in", "notin"):
+        return (value in want) == (op == "in")
+    if value is None or op not in ("gt", "gte", "lt", "lte"):
+        return False
+    return {"gt": value > want, "gte": value >= want, "lt": value < want, "lte": value <= want}[op]
+
+
+def _handler(fake: FakeVast) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # quiet test output
+            pass
+
+        def _reply(self, status: int, body: Any) -> None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict[str, Any]:
+            n = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(n) or b"{}") if n else {}
+
+        def _serve(self, method: str) -> None:
+            url = urlparse(self.path)
+            path = url.path
+            with fake.lock:
+                fake.requests.append((method, path))
+                if path.startswith("/fake-logs/"):
+                    inst = fake.instances.get(int(path.rsplit("/", 1)[1]))
+                    log = inst.root / "onstart.log" if inst else None
+                    text = log.read_text() if log and log.exists() else ""
+                    return self._reply(200, text)
+                if fake.switches.rate_limit_next > 0:
+                    fake.switches.rate_limit_next -= 1
+                    return self._reply(429, {"success": False, "error": "rate_limited",
+                                             "msg": "API requests too frequent"})  # fmt: skip
+            key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            denied = fake.authorize(key, method, path)
+            if denied:
+                return self._reply(401, {"success": False, "error": "auth_error", "msg": denied})
+            status, body = self._route(method, path, parse_qs(url.query))
+            self._reply(status, body)
+
+        def _route(self, method: str, path: str, query: dict[str, list[str]]) -> tuple[int, Any]:
+            m = re.fullmatch(r"/api/v0/(?:instances/)?(\w+)/(\d+)/", path)
+            kind, num = (m.group(1), int(m.group(2))) if m else (None, 0)
+            if method == "POST" and path == "/api/v0/bundles/":
+                return fake.search(self._body())
+            if method == "PUT" and kind == "asks":
+                return fake.create(num, self._body())
+            if method == "GET" and path == "/api/v1/instances/":
+                with fake.lock:
+                    rows = [i.row() for i in fake.instances.values()]
+                return 200, {"instances": rows, "next_token": None, "total_instances": len(rows)}
+            if kind == "request_logs" and method == "PUT":
+                return 200, {"result_url": f"{fake.url}/fake-logs/{num}"}
+            m = re.fullmatch(r"/api/v0/instances/(\d+)/", path)
+            inst = fake.instances.get(int(m.group(1))) if m else None
+            if m and method == "GET":
+                return 200, {"instances": inst.row() if inst else None}
+            if inst is None:
+                return 404, {"success": False, "error": "no_such_instance", "msg": "not found"}
+            if method == "PUT":
+                return 200, fake.set_state(inst, self._body())
+            if method == "DELETE":
+                fake.destroy(inst.id)
+                return 200, {"success": True, "msg": "destroying instance"}
+            return 404, {"success": False, "error": "not_found", "msg": path}
+
+        def do_GET(self) -> None:
+            self._serve("GET")
+
+        def do_POST(self) -> None:
+            self._serve("POST")
+
+        def do_PUT(self) -> None:
+            self._serve("PUT")
+
+        def do_DELETE(self) -> None:
+            self._serve("DELETE")
+
+    return Handler
+
+
+CLIENT_KEY = "client_ed25519"
+
+
+@pytest.fixture
+def fake_vast(tmp_path: Path) -> Iterator[FakeVast]:
+    """The FAKE Vast API with its real instances; every instance is killed afterwards."""
+    root = tmp_path / "fake-vast"
+    workdir = tmp_path / "workspace"
+    for d in (root, workdir):
+        d.mkdir(parents=True)
+    _keygen(root / CLIENT_KEY)
+    with FakeVast(root, workdir, [root / CLIENT_KEY]) as fake:
+        yield fake
+
+
+def vast_entry(fake: FakeVast, **overrides: Any) -> dict[str, Any]:
+    """A `kind: vast` hosts entry pointed at the fake (SSH as this user, ups from .venv)."""
+    entry: dict[str, Any] = {
+        "kind": "vast",
+        "offer": "gpu_name=RTX_4090 num_gpus=2",
+        "order": "dph_total",
+        "max_price_per_hour": 1.0,
+        "disk_gb": 32,
+        "image": "ghcr.io/example/ups:0.1.0",
+        "max_hours": 1,
+        "on_exit": "destroy",
+        "user": os.environ.get("USER", "root"),
+        "key": str(fake.root / CLIENT_KEY),
+        "workdir": str(fake.workdir),
+        "gpus": 0,
+        "ups_bin": str(VENV_BIN / "ups"),
+        "vast_url": fake.url,
+        "connect_timeout": 5,
+        "keepalive_s": 2,
+        "boot_timeout_s": 120,
+        "watchdog_grace_s": 5,
+    }
+    entry.update(overrides)
+    return entry
+
+
+def write_vast_hosts(fake: FakeVast, path: Path, **overrides: Any) -> Path:
+    data = {
+        "known_hosts": str(path.parent / "known_hosts"),
+        "hosts": {"vast": vast_entry(fake, **overrides)},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def fab_env(fake: FakeVast, home: Path, **extra: str) -> dict[str, str]:
+    """The environment `fab` runs in: the fake's account key, a HOME with no key files."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VAST_", "UPS_", "WANDB_"))}
+    env.update({"VAST_API_KEY": fake.api_key, "HOME": str(home), "XDG_CONFIG_HOME": str(home)})
+    env.update(extra)
+    return env

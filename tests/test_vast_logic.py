@@ -1,0 +1,94 @@
+"""The vast kind's pure logic: the instance state machine, offer choice, labels, onstart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ups.deploy.errors import DeployError
+from ups.deploy.hosts import HostSpec, load_hosts
+from ups.deploy.vast.errors import NoOffer
+from ups.deploy.vast.instance import Instance, State, label_for, parse_label, state_of
+from ups.deploy.vast.offers import choose
+
+OFFERS = [
+    {"id": 1, "dph_total": 0.9, "min_bid": 0.4, "gpu_name": "RTX 4090", "num_gpus": 2},
+    {"id": 2, "dph_total": 0.6, "min_bid": 0.2, "gpu_name": "RTX 4090", "num_gpus": 2},
+]
+
+
+def _inst(**fields: Any) -> Instance:
+    row = {"id": 5, "label": "ups:vast:r1", "actual_status": None, "intended_status": "running",
+           "cur_state": "running", "status_msg": "", "dph_total": 0.5,
+           "duration": 7200.0}  # fmt: skip
+    return Instance.from_api({**row, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "state"),
+    [
+        ({"actual_status": "loading"}, State.LOADING),
+        ({"actual_status": "running"}, State.RUNNING),
+        ({"actual_status": "exited", "cur_state": "stopped", "intended_status": "stopped"},
+         State.STOPPED),
+        ({"actual_status": "exited", "cur_state": "stopped", "intended_status": "running"},
+         State.OUTBID),
+        ({"actual_status": "loading", "status_msg": "Error response from daemon: pull access "
+          "denied for x"}, State.FAILED),
+        ({"actual_status": "offline"}, State.FAILED),
+    ],
+)  # fmt: skip
+def test_instance_states(fields: dict[str, Any], state: State) -> None:
+    """Each API row maps to the one state the lifecycle (and outbid recovery) acts on."""
+    assert _inst(**fields).state is state
+
+
+def test_gone_and_cost() -> None:
+    """A missing instance is GONE; cost so far is $/h times hours since start."""
+    assert state_of(None) is State.GONE
+    assert _inst().cost_so_far == pytest.approx(1.0)
+
+
+def test_labels_round_trip() -> None:
+    """Labels name host and run; other people's instances are not ups's."""
+    assert parse_label(label_for("vast", "demo-1")) == ("vast", "demo-1")
+    assert parse_label("my notebook") is None and parse_label(None) is None
+
+
+def test_choose_first_under_cap_in_api_order() -> None:
+    """The API's order wins among offers under the cap; interruptible compares the bid."""
+    assert choose(OFFERS, 1.0, False, "q").id == 1
+    assert choose(OFFERS, 0.7, False, "q").id == 2
+    assert choose(OFFERS, 0.3, True, "q").id == 2  # min bid 0.2 <= 0.3, offer 1 needs 0.4
+    assert choose(OFFERS, 0.45, 0.45, "q").id == 1  # an explicit bid
+
+
+def test_choose_names_near_miss() -> None:
+    """Nothing under the cap: the error names the cheapest offer and its price."""
+    with pytest.raises(NoOffer, match=r"offer 2: 2x RTX 4090 .* at \$0\.600/h"):
+        choose(OFFERS, 0.5, False, "q")
+    with pytest.raises(NoOffer, match="no Vast offer matches"):
+        choose([], 0.5, False, "q")
+
+
+def test_vast_entry_validation(tmp_path: Path) -> None:
+    """A vast entry needs an offer query and a price cap; other kinds still need an address."""
+    path = tmp_path / "hosts.yaml"
+    path.write_text("hosts:\n  v: {kind: vast, offer: 'num_gpus=1'}\n  c: {kind: container}\n")
+    with pytest.raises(DeployError) as err:
+        load_hosts(path)
+    assert "kind vast needs max_price_per_hour" in str(err.value)
+    assert "kind container needs 'host'" in str(err.value)
+
+
+def test_onstart_carries_no_secret_and_fits() -> None:
+    """The onstart script starts the watchdog with no key in it and stays under Vast's 4 KB."""
+    from ups.deploy.vast.watchdog import onstart_command
+
+    spec = HostSpec(kind="vast", offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
+    script = onstart_command(spec, 1.8e9)
+    assert len(script.encode()) < 4000
+    assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script
+    assert "KEY" not in script.upper().replace("NO_AUTO_TMUX", "")
