@@ -105,24 +105,18 @@ def test_docker_preflight_failure_starts_nothing(
 
 
 def test_docker_deploy_real_image_with_project_compose(
-    sshd: SshServer, demo_data: Path, tmp_path: Path
+    ups_image: str, sshd: SshServer, demo_data: Path, tmp_path: Path
 ) -> None:
     """With the project image (ups:cpu) and the repo's compose files, `fab deploy` runs the
     compose preflight service, starts train-ddp detached, streams the trainer's log back
     and exits 0 when the run finished."""
     import shutil
 
-    import docker
-
-    try:
-        docker.from_env().images.get("ups:cpu")
-    except Exception:
-        pytest.skip("needs the machine's Docker engine with ups:cpu (scripts/build-images.sh)")
     workdir = sshd.root / "remote"
     shutil.copytree(demo_data, workdir / "data" / "demo")  # a volume cannot follow symlinks
     box = sshd.host_entry(
         kind="docker",
-        image="ups:cpu",
+        image=ups_image,
         compose_files=["docker-compose.yml", "docker/compose.cpu.yml"],
     )
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"box": box})

@@ -44,9 +44,18 @@ def compose_prefix(spec: HostSpec, run: rc.RemoteRun) -> str:
     return f"env {assignments} docker compose -p {_project(run.run_id)} {files}"
 
 
+KEY_FILE = "wandb_api_key"
+"""The W&B key on the remote host: a 0600 file in the run's state directory."""
+
+
 def _secrets_line(run: rc.RemoteRun) -> str:
-    path = rc.q(run.state("secrets.env"))
-    return f"if [ -f {path} ]; then set -a; . {path}; set +a; fi"
+    """Point compose at the uploaded key file (docker-compose.yml's `wandb_api_key` secret).
+
+    The key never enters compose's environment or the container's: compose bind-mounts the
+    file at /run/secrets/wandb_api_key and the image's entrypoint reads it as root.
+    """
+    path = rc.q(run.state(KEY_FILE))
+    return f"if [ -s {path} ]; then export UPS_WANDB_KEY_FILE={path}; fi"
 
 
 def build_docker_plan(
@@ -207,9 +216,8 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
         fh.write(run.output_dir.encode())
     with sftp.open(run.state("run.sh"), "w") as fh:
         fh.write(watcher_script(spec, run).encode())
-    if plan.secrets:
-        body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
-        execute.write_private(conn, run.state("secrets.env"), body)
+    if "WANDB_API_KEY" in plan.secrets:
+        execute.write_private(conn, run.state(KEY_FILE), env["WANDB_API_KEY"])
 
 
 def watcher_script(spec: HostSpec, run: rc.RemoteRun) -> str:
