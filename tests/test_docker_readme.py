@@ -62,12 +62,13 @@ def _free_port() -> int:
 class Clone:
     root: Path
     commands: dict[str, str]
+    image: str
 
     def run(self, name: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
         """Run one README command verbatim in the clone; stdout and stderr together."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "WANDB_"))}
         project = f"ups-readme-{uuid.uuid4().hex[:8]}"
-        full = {**base, "COMPOSE_PROJECT_NAME": project, **env}
+        full = {**base, "COMPOSE_PROJECT_NAME": project, "UPS_IMAGE_CPU": self.image, **env}
         try:
             return subprocess.run(
                 ["bash", "-c", self.commands[name]],
@@ -115,10 +116,10 @@ def clone(ups_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     subprocess.run(["git", "clone", "-q", str(ROOT), str(root)], check=True, timeout=120)
     (root / "runs").mkdir()
     os.chown(root / "runs", 0, 0)
-    c = Clone(root=root, commands=readme_docker_commands())
-    built = c.run("build", timeout=1200, UPS_IMAGE_CPU=ups_image)
+    c = Clone(root=root, commands=readme_docker_commands(), image=ups_image)
+    built = c.run("build", timeout=1200)
     assert built.returncode == 0, built.stdout[-3000:]
-    synth = c.run("synth", UPS_IMAGE_CPU=ups_image)
+    synth = c.run("synth")
     assert synth.returncode == 0, synth.stdout[-3000:]
     assert (root / "data/demo/1D_Advection_Sols_beta0.4.hdf5").exists()
     yield c
@@ -192,8 +193,8 @@ def test_wandb_key_reaches_the_run_and_nothing_else(clone: Clone, ups_image: str
         checked = subprocess.run(
             ["bash", "-c", f"{compose} run --no-deps --name {project}-probe "
              f'--entrypoint ups-entrypoint train-ddp python -c "{probe}"'],
-            cwd=clone.root, env={**os.environ, **env}, capture_output=True, text=True,
-            timeout=300,
+            cwd=clone.root, env={**os.environ, "UPS_IMAGE_CPU": ups_image, **env},
+            capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         line = next(x for x in checked.stdout.splitlines() if x.startswith("PROBE"))
         _, uid, digest, in_argv = line.split()

@@ -86,12 +86,12 @@ def main(argv: list[str]) -> int:
         if req.config_path is not None:
             cfg = load_config(req.config_path, req.overrides, check_files=req.skip_preflight)
         from preflight import select_checks
-        from preflight.checks.ports import pick_free_port
+        from ups.launch.ports import reserve_port
 
         select_checks([], req.preflight_skip)  # unknown check names: a flag error, now
 
         gpus = _gpu_count()
-        plan = build_plan(req, cfg, gpu_count=gpus, pick_port=pick_free_port)
+        plan = build_plan(req, cfg, gpu_count=gpus, pick_port=reserve_port)
     except (ConfigError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG

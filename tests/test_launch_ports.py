@@ -1,0 +1,87 @@
+"""Several `ups launch` on one host: each reserves its own master port until it exits."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+from tests.launch_helpers import events_named, launch_cmd, outcome_of
+from ups.launch.ports import release, reserve_port
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+HOLD = """
+import sys, time
+from ups.launch.ports import reserve_port
+print(reserve_port(int(sys.argv[1])), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_port_another_launch_reserved_is_not_planned_again(tmp_path: Path) -> None:
+    """While one process holds the reservation of port P (bindable, not yet bound), a
+    second one gets another port; once the first exits, P can be reserved again."""
+    preferred = _free_port()
+    env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(preferred)],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert int(holder.stdout.readline()) == preferred
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("UPS_PORT_LOCK_DIR", str(tmp_path / "locks"))
+            other = reserve_port(preferred)
+            assert other != preferred
+            release(other)
+            holder.kill()
+            holder.wait(timeout=30)
+            assert reserve_port(preferred) == preferred  # the kernel dropped the dead lock
+            release(preferred)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_three_launches_started_at_once_all_finish(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Three `ups launch` of the same config and master port, started in the same instant,
+    all run preflight and train to "finished" on three different master ports (before,
+    the second and third died with EADDRINUSE after preflight)."""
+    port = _free_port()
+    config = make_config(distributed={"master_port": port})
+    env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
+    procs = [
+        subprocess.Popen(
+            launch_cmd(str(config), "--run-id", f"par{i}", "--preflight-skip", "allreduce"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for i in range(3)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-3000:]
+        assert "EADDRINUSE" not in out
+    endpoints = [events_named(out, "launch plan")[0]["rdzv_endpoint"] for out in outputs]
+    assert len(set(endpoints)) == 3, endpoints
+    assert f"127.0.0.1:{port}" in endpoints
+    for i in range(3):
+        assert outcome_of(tmp_path / "runs" / f"par{i}")["outcome"] == "finished"
