@@ -85,3 +85,30 @@ def test_three_launches_started_at_once_all_finish(
     assert f"127.0.0.1:{port}" in endpoints
     for i in range(3):
         assert outcome_of(tmp_path / "runs" / f"par{i}")["outcome"] == "finished"
+
+
+def test_gpus_flag_reaches_every_worker_and_rejects_typos(tmp_path: Path) -> None:
+    """`--gpus 2,3` is the job's CUDA_VISIBLE_DEVICES in every worker (so preflight, the
+    default --nproc-per-node and the workers agree on the subset); `--gpus 0,x` is a flag
+    error (exit 2) before anything starts."""
+    script = tmp_path / "cvd.py"
+    script.write_text(
+        "import os\nprint('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), flush=True)\n"
+    )
+    out = tmp_path / "runs"
+    args = ["--script", str(script), "--output-dir", str(out), "--preflight-skip", "allreduce"]
+    ok = subprocess.run(
+        launch_cmd(*args, "--gpus", "2,3", "--nproc-per-node", "2"),
+        capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert ok.stdout.count("CVD=2,3") == 2
+
+    bad_out = tmp_path / "bad"
+    bad = subprocess.run(
+        launch_cmd("--script", str(script), "--output-dir", str(bad_out), "--gpus", "0,x"),
+        capture_output=True, text=True, timeout=120, env=worker_env(), cwd=REPO,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--gpus '0,x' must list distinct GPU indices" in bad.stderr
+    assert not bad_out.exists()

@@ -41,6 +41,19 @@ def _visible_count(visible: str | None) -> int | None:
     return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
 
 
+def job_gpus(gpus: list[Any], visible: str | None) -> list[Any]:
+    """The NVML GPUs the job will use: those ``CUDA_VISIBLE_DEVICES`` names by index (what
+    ``--gpus 0,1`` sets), or all of them when it is unset or names GPUs by UUID. Another
+    job's processes on a GPU this job does not use are not this job's problem."""
+    if visible is None:
+        return gpus
+    wanted = [d.strip() for d in visible.split(",") if d.strip()]
+    if not all(d.isdigit() for d in wanted):
+        return gpus
+    by_index = {g.index: g for g in gpus}
+    return [by_index[int(d)] for d in wanted if int(d) in by_index]
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
@@ -117,7 +130,9 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
                     "prefer a host whose driver supports the image's CUDA version",
                 )
             )
-    for g in nvml.gpus:
+    used_gpus = job_gpus(nvml.gpus, facts.visible_devices)
+    details["job_gpus"] = [g.index for g in used_gpus]
+    for g in used_gpus:
         if g.processes:
             used = sum(p["used_bytes"] or 0 for p in g.processes)
             pids = ",".join(str(p["pid"]) for p in g.processes)
@@ -145,10 +160,12 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
                     "destroy this instance and rent another host",
                 )
             )
-    names = sorted({g.name for g in nvml.gpus})
+    names = sorted({g.name for g in used_gpus})
     summary = f"{seen} GPU(s) visible" + (f": {', '.join(names)}" if names else "")
-    if nvml.gpus:
-        free = min(g.memory_free for g in nvml.gpus)
+    if facts.visible_devices is not None and used_gpus:
+        summary += f" (GPUs {','.join(str(g.index) for g in used_gpus)} of {nvml_count})"
+    if used_gpus:
+        free = min(g.memory_free for g in used_gpus)
         summary += f", least free memory {human_bytes(free)}"
     if nvml.driver:
         summary += f", driver {nvml.driver} (CUDA {nvml.cuda_driver})"
