@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Generous: on a loaded 2-core machine the first test also pays for the clone, the
+# build check and the demo data (about 1-4 min), and each run for preflight and torch.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_COMPOSE = "docker compose -f docker-compose.yml -f docker/compose.cpu.yml"
