@@ -71,7 +71,7 @@ def _check_port(role: str, port: int, fallback: bool) -> _PortOutcome:
         return Status.PASS, f"{role} port {port} is free", None, {"port": port, "free": True}
     holder = port_holder(port)
     free = pick_free_port(0)
-    held_by = f" held by {holder}" if holder else ""
+    held_by = f", held by {holder}" if holder else ""
     details: dict[str, object] = {"port": port, "free": False, "holder": holder, "suggested": free}
     flag = "--master-port" if role == "master" else "--rdzv-port"
     key = f" (or --set distributed.master_port={free})" if role == "master" else ""
