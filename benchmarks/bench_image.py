@@ -171,9 +171,7 @@ def compose_up(tmp: Path) -> dict[str, Any]:
 
 
 def _print_up(ups: list[dict[str, Any]]) -> None:
-    print(
-        "\n3. The README's `docker compose ... up` (CPU override, demo config, 20 steps)"
-    )
+    print("\n3. The README's `docker compose ... up` (CPU override, demo config, 20 steps)")
     for key, label in (
         ("preflight_started_s", "preflight container started"),
         ("preflight_done_s", "preflight passed (gate open)"),
