@@ -8,7 +8,8 @@
 # them: the invoking user (`make demo`, git clone), or root when the engine created a
 # missing one. A fixed uid in the image cannot write both kinds. Started as root (the
 # compose files do that), this script switches to the uid:gid that owns /app/runs, so the
-# files the run writes belong to the same user as the directory they land in. Started as
+# files the run writes belong to the same user as the directory they land in (an empty
+# root-owned mount, as the engine creates a missing one, is handed to that user). Started as
 # any other user (`UPS_USER=uid:gid`, or `docker run` with the image's USER 1000), it
 # switches nothing and only checks.
 #
@@ -43,6 +44,14 @@ if [ "$(id -u)" = 0 ] && [ -d "$RUNS" ] && [ -z "${UPS_ENTRYPOINT_SWITCHED:-}" ]
     owner=$(stat -c %u "$RUNS")
     group=$(stat -c %g "$RUNS")
     if [ "$owner" != 0 ]; then
+        # A missing bind source is created by the engine, as root and empty (cache/ next to
+        # your own runs/, say). Hand such a directory to the run's user; a root-owned
+        # directory with files in it is someone's data and is only checked below.
+        for dir in $WRITABLE; do
+            if [ -d "$dir" ] && [ "$(stat -c %u "$dir")" = 0 ] && [ -z "$(ls -A "$dir")" ]; then
+                chown "$owner:$group" "$dir"
+            fi
+        done
         # getpass.getuser() (torch, W&B) fails for a uid without a passwd entry unless
         # USER or LOGNAME names someone.
         export UPS_ENTRYPOINT_SWITCHED=1 USER=ups LOGNAME=ups

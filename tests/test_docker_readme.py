@@ -145,18 +145,23 @@ def test_readme_up_shows_preflight_then_exits_with_the_run_exit_code(clone: Clon
 
 
 def test_readme_up_runs_as_the_owner_of_runs(clone: Clone) -> None:
-    """When runs/ and cache/ belong to uid 1000 the run writes its files as uid 1000;
-    forcing another uid that cannot write them ends with one paragraph naming the
+    """When runs/ belongs to uid 1000 the run writes its files as uid 1000, and an empty
+    root-owned cache/ (what the engine creates for a missing mount) is handed to it;
+    forcing another uid that cannot write runs/ ends with one paragraph naming the
     directory, the uid and the chown that fixes it, a non-zero exit and no traceback."""
-    for name in ("runs", "cache"):
-        (clone.root / name).mkdir(exist_ok=True)
-        os.chown(clone.root / name, 1000, 1000)
+    os.chown(clone.root / "runs", 1000, 1000)
+    cache = clone.root / "cache"
+    cache.mkdir(exist_ok=True)
+    for leftover in cache.iterdir():
+        leftover.unlink()
+    os.chown(cache, 0, 0)
     try:
         good = clone.run("up", UPS_CONFIG=clone.config("owner"))
         assert good.returncode == 0, good.stdout[-4000:]
         run_id = re.findall(r'"run_id":"([^"]+)"', good.stdout)[-1]
         written = clone.root / "runs" / run_id / "outcome.json"
         assert (written.stat().st_uid, written.stat().st_gid) == (1000, 1000)
+        assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
 
         bad = clone.run("up", UPS_CONFIG=clone.config("owner"), UPS_USER="1001:1001")
         assert bad.returncode != 0
