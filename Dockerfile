@@ -49,6 +49,7 @@ COPY configs/ configs/
 COPY preflight/ preflight/
 COPY pins.toml ./
 COPY ups/ ups/
+COPY docker/entrypoint.sh /usr/local/bin/ups-entrypoint
 RUN python -m pip install --no-deps --no-build-isolation . \
     && rm -rf build ./*.egg-info \
     && ups --version
@@ -77,6 +78,8 @@ LABEL org.opencontainers.image.title="ups" \
       io.ups.pins.nccl="${NCCL_VERSION}" \
       io.ups.pins.python="${PYTHON_VERSION}"
 
+# Plain `docker run` runs as uid 1000. The compose files start as root instead, and
+# ups-entrypoint switches to the owner of the mounted runs/ (docker/entrypoint.sh).
 USER ${UPS_UID}
-ENTRYPOINT ["ups", "launch"]
+ENTRYPOINT ["ups-entrypoint", "ups", "launch"]
 CMD ["configs/demo.yaml"]

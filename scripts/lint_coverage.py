@@ -44,9 +44,7 @@ def ruff_files() -> set[Path]:
 
 def mypy_modules() -> set[str]:
     with tempfile.TemporaryDirectory() as report:
-        subprocess.run(
-            [BIN / "mypy", "--linecount-report", report], capture_output=True, text=True
-        )
+        subprocess.run([BIN / "mypy", "--linecount-report", report], capture_output=True, text=True)
         lines = (Path(report) / "linecount.txt").read_text().splitlines()
     return {line.split()[-1] for line in lines[1:] if line.strip()}
 

@@ -2,7 +2,9 @@
 # The test command (`make test`): lint, type-check, then every test tier that can run here.
 # System services the tests use (a Docker engine, sshd) are installed and started by
 # scripts/docker-engine.sh and scripts/sshd-setup.sh, which this script runs first.
-# GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them.
+# GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them. Any other
+# skip fails the run (tests/conftest.py collects skip reasons): a test that did not run is
+# not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -10,11 +12,9 @@ BIN=.venv/bin
 echo "== system services: sshd, Docker engine"
 bash scripts/sshd-setup.sh
 if ! bash scripts/docker-engine.sh; then
-    if [ "${CI:-}" = "true" ]; then
-        echo "test.sh: the Docker engine could not be started; CI must run the container tests" >&2
-        exit 1
-    fi
-    echo "test.sh: no Docker engine here; the docker tests will skip with the reason" >&2
+    echo "test.sh: the Docker engine could not be started (log above); the container tests" \
+        "need it, so this run would fail. Fix the engine, then run the tests again." >&2
+    exit 1
 fi
 
 echo "== ruff"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -148,3 +149,51 @@ def only_run_dir(output_dir: Path) -> Path:
     runs = [p for p in output_dir.iterdir() if p.is_dir() and not p.is_symlink()]
     assert len(runs) == 1, runs
     return runs[0]
+
+
+# --- Skip policy: on a machine without a GPU every test runs; only GPU tests may skip. ---
+
+_GPU_REASON = re.compile(r"\b(gpu|cuda|nccl)\b", re.IGNORECASE)
+_bad_skips: list[str] = []
+
+
+def _allowed_skip(report: pytest.TestReport, reason: str) -> bool:
+    """A skip is allowed for a GPU test (marker ``gpu``) or a reason about GPUs/CUDA."""
+    return "gpu" in report.keywords or bool(_GPU_REASON.search(reason))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect every skip whose reason is not a missing (or present) GPU."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    if not _allowed_skip(report, reason):
+        _bad_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when a test skipped for a reason other than the GPU: a skip on a CPU
+    machine is a test that did not run, and CI must say so (issue 15, item 8)."""
+    if _bad_skips and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _bad_skips:
+        terminalreporter.section("skipped for a reason other than a missing GPU (this fails)")
+        for line in _bad_skips:
+            terminalreporter.write_line(line)
+
+
+# --- The project image, built once per test run and shared by every docker test. ---
+
+
+@pytest.fixture(scope="session")
+def ups_image() -> str:
+    """The engine answering (scripts/docker-engine.sh) and ``ups:cpu`` built from this tree
+    (scripts/build-images.sh; the layer cache makes a rebuild of unchanged code seconds).
+    Fails (never skips) when either cannot be done: the docker tests must run."""
+    from tests.docker_fixtures import ensure_project_image
+
+    return ensure_project_image()

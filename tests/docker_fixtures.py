@@ -1,8 +1,10 @@
-"""Two private Docker engines (a "local" and a "remote" one) and a tiny test image.
+"""The project image on the machine's engine, two private engines and a tiny test image.
 
-The deploy tests need a remote daemon that lacks the image, so they never share the
-machine's engine: each engine here has its own data root, exec root and socket
-(vfs storage, no iptables, no bridge, as REFERENCE §7 runs dockerd).
+``ensure_project_image`` (behind conftest's session fixture ``ups_image``) starts the
+machine's engine and builds ``ups:cpu`` once per test run, for every test that runs the
+real image. The deploy tests also need a remote daemon that lacks an image, so they
+start private engines: each has its own data root, exec root and socket (vfs storage,
+no iptables, no bridge, as REFERENCE §7 runs dockerd).
 """
 
 from __future__ import annotations
@@ -21,7 +23,32 @@ from typing import Any
 
 import pytest
 
-DOCKERD = shutil.which("dockerd")
+DOCKERD = shutil.which("dockerd") or (
+    "/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None
+)
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_IMAGE = os.environ.get("UPS_IMAGE_CPU", "ups:cpu")
+
+
+def ensure_project_image() -> str:
+    """Start the engine (scripts/docker-engine.sh) and build ``ups:cpu`` from this tree
+    (scripts/build-images.sh). Raises pytest's failure with the script's output tail."""
+    for script, timeout in (("docker-engine.sh", 600), ("build-images.sh", 1200)):
+        try:
+            out = subprocess.run(
+                ["bash", str(ROOT / "scripts" / script)],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, "UPS_IMAGE_CPU": PROJECT_IMAGE},
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"scripts/{script} did not finish within {timeout} s")
+        if out.returncode != 0:
+            pytest.fail(f"scripts/{script} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return PROJECT_IMAGE
+
+
 TOOLS = ["/bin/dash", "/bin/sleep", "/bin/mkdir", "/bin/cat"]
 
 
@@ -94,7 +121,7 @@ def stop_engine(engine: Engine) -> None:
 def engines() -> Iterator[tuple[Engine, Engine]]:
     """(local, remote) private Docker engines, stopped after the module."""
     if DOCKERD is None or os.geteuid() != 0:
-        pytest.skip("needs dockerd and root (scripts/docker-engine.sh installs it)")
+        pytest.fail("needs dockerd and root (scripts/docker-engine.sh installs dockerd)")
     base = Path(tempfile.mkdtemp(prefix="ups-dk-", dir="/tmp"))  # short: socket path limit
     local = start_engine(base / "local")
     try:

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
+from ups.grace import container_grace_s
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests/fixtures/compose-spec.json").read_text())
 BASE = ROOT / "docker-compose.yml"
@@ -70,7 +72,17 @@ def _rendered(*files: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("UPS_")}
     out = subprocess.run(
         # --env-file /dev/null: a developer's own .env must not change what is checked.
-        [*_compose(), "--env-file", "/dev/null", *args, "config", "--format", "json"],
+        [
+            *_compose(),
+            "--env-file",
+            "/dev/null",
+            "--profile",
+            "tools",
+            *args,
+            "config",
+            "--format",
+            "json",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -105,7 +117,7 @@ def test_gpu_file_runs_preflight_first_and_keeps_everything_on_the_host() -> Non
     services = _rendered(BASE)["services"]
     ddp = services["train-ddp"]
     assert ddp["depends_on"]["preflight"]["condition"] == "service_completed_successfully"
-    assert services["preflight"]["entrypoint"] == ["ups", "preflight"]
+    assert services["preflight"]["entrypoint"] == ["ups-entrypoint", "ups", "preflight"]
     for name in ("preflight", "train-ddp", "train"):
         svc = services[name]
         assert svc["ipc"] == "host"
@@ -118,17 +130,28 @@ def test_gpu_file_runs_preflight_first_and_keeps_everything_on_the_host() -> Non
     assert devices == [{"driver": "nvidia", "count": -1, "capabilities": ["gpu"]}]
     single = services["train"]["deploy"]["resources"]["reservations"]["devices"]
     assert single[0]["count"] == 1
-    # Long enough for every rank to write its preemption checkpoint.
-    assert ddp["stop_grace_period"] in {"2m0s", "2m"}
+    # Long enough for every rank to write its preemption checkpoint (ups.grace derives it).
+    seconds = int(container_grace_s())
+    assert ddp["stop_grace_period"] == f"{seconds // 60}m{seconds % 60}s"
 
 
-def test_secrets_come_from_an_optional_git_ignored_env_file() -> None:
-    """WANDB_API_KEY lives in .env, which is optional, git-ignored and kept out of images."""
+def test_the_wandb_key_is_a_secret_file_never_an_environment_entry() -> None:
+    """The W&B key reaches every service as a secret file (default: an empty one, so W&B
+    logs offline); nothing forwards .env as environment, which `docker inspect` would show."""
     base = _load(BASE)
-    assert base["x-ups"]["env_file"] == [{"path": ".env", "required": False}]
+    assert "env_file" not in base["x-ups"]
+    assert "WANDB_API_KEY" not in str(base["x-ups"]["environment"])
+    assert (
+        base["secrets"]["wandb_api_key"]["file"] == "${UPS_WANDB_KEY_FILE:-./docker/no-wandb-key}"
+    )
+    assert (ROOT / "docker/no-wandb-key").read_bytes() == b""
+    services = _rendered(BASE)["services"]
+    for name in ("preflight", "train-ddp", "train", "synth"):
+        assert services[name]["secrets"][0]["target"] == "/run/secrets/wandb_api_key"
+        assert services[name]["user"] == "0:0"  # the entrypoint switches to the runs/ owner
     ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=ROOT)
     assert ignored.returncode == 0
-    assert "WANDB_API_KEY=" in (ROOT / "example.env").read_text()
+    assert "UPS_WANDB_KEY_FILE=" in (ROOT / "example.env").read_text()
     assert ".env" in (ROOT / ".dockerignore").read_text().split()
 
 

@@ -1,10 +1,10 @@
 """The image and compose files, run for real on this machine's Docker engine (CPU, gloo).
 
-One session fixture starts the engine (scripts/docker-engine.sh) and builds the CPU
-images (scripts/build-images.sh; the layer cache makes a rebuild take seconds). Each
-test runs its own compose project with its own host directories, through
+conftest's session fixture ``ups_image`` starts the engine (scripts/docker-engine.sh) and
+builds the CPU images (scripts/build-images.sh) once per test run. Each test runs its own
+compose project with its own host directories, through
 ``docker compose -f docker-compose.yml -f docker/compose.cpu.yml``. Without an engine
-the tests skip, except in CI (``CI=true``), where they fail.
+the tests fail: they never skip.
 """
 
 from __future__ import annotations
@@ -33,31 +33,6 @@ COMPOSE_FILES = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docke
 CUDA_CACHE = ROOT / "tests/fixtures/cache_cuda/latents_cuda0.pt"
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: the docker tests must run)")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def engine() -> None:
-    """A Docker engine answering on the default socket, with the compose plugin."""
-    if shutil.which("docker") is None and shutil.which("apt-get") is None:
-        _unavailable("no docker client and no apt-get to install one")
-    try:
-        out = subprocess.run(
-            ["bash", str(ROOT / "scripts/docker-engine.sh")],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except subprocess.TimeoutExpired:
-        _unavailable("scripts/docker-engine.sh did not finish within 600 s")
-        return
-    if out.returncode != 0:
-        _unavailable(f"no Docker engine could be started: {out.stderr.strip()[-800:]}")
-
-
 @pytest.fixture(scope="session")
 def _synth(
     tmp_path_factory: pytest.TempPathFactory,
@@ -81,17 +56,9 @@ def _synth(
 
 
 @pytest.fixture(scope="session")
-def image(engine: None, _synth: tuple[Path, subprocess.Popen[str]]) -> str:
-    """The CPU images, built from the working tree (a no-op rebuild when nothing changed)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts/build-images.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "UPS_IMAGE_CPU": IMAGE},
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return IMAGE
+def image(ups_image: str, _synth: tuple[Path, subprocess.Popen[str]]) -> str:
+    """The CPU image (conftest's ``ups_image``); the demo data is written meanwhile."""
+    return ups_image
 
 
 @pytest.fixture(scope="session")

@@ -49,10 +49,12 @@ def test_dependencies_install_before_the_source_is_copied() -> None:
 
 
 def test_runs_as_non_root_and_starts_ups_launch() -> None:
-    """The container runs as uid 1000 with unbuffered output; ENTRYPOINT is `ups launch`."""
+    """Plain `docker run` runs as uid 1000 with unbuffered output; the entrypoint wrapper
+    (ownership checks, the W&B key secret) then runs `ups launch`."""
     assert INSTRUCTIONS[-3] == ["USER", "${UPS_UID}"]
     assert re.search(r"^ARG UPS_UID=1000$", DOCKERFILE, re.M)
-    assert INSTRUCTIONS[-2] == ["ENTRYPOINT", '["ups", "launch"]']
+    assert INSTRUCTIONS[-2] == ["ENTRYPOINT", '["ups-entrypoint", "ups", "launch"]']
+    assert "COPY docker/entrypoint.sh /usr/local/bin/ups-entrypoint" in DOCKERFILE
     assert INSTRUCTIONS[-1] == ["CMD", '["configs/demo.yaml"]']
     assert "PYTHONUNBUFFERED=1" in DOCKERFILE
 
@@ -79,6 +81,7 @@ def test_no_secret_can_enter_the_build_context() -> None:
         "!pyproject.toml",
         "!pins.toml",
         "!docker/requirements.lock",
+        "!docker/entrypoint.sh",
         "!configs/",
         "!preflight/",
         "!ups/",

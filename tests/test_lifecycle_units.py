@@ -35,6 +35,13 @@ def _seconds(compose_duration: str) -> int:
     return int(m.group(1) or 0) * 60 + int(m.group(2) or 0)
 
 
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with Compose's own tags (``!reset``, ``!override``) read as plain values."""
+
+
+_ComposeLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
 def test_stop_grace_drives_torchrun_compose_and_fab_stop() -> None:
     """One setting, distributed.stop_grace_s: torchrun's --shutdown-timeout is it, every
     compose service running `ups launch` gives it plus launch's margin, and `fab stop`
@@ -43,7 +50,7 @@ def test_stop_grace_drives_torchrun_compose_and_fab_stop() -> None:
         LaunchRequest(script="t.py", run_id="g"), None, gpu_count=0, pick_port=lambda p: p
     )
     assert f"--shutdown-timeout={DEFAULT_STOP_GRACE_S}" in plan.torchrun_argv
-    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    compose = yaml.load((REPO / "docker-compose.yml").read_text(), Loader=_ComposeLoader)
     graces = {
         name: _seconds(svc["stop_grace_period"])
         for name, svc in compose["services"].items()

@@ -122,3 +122,24 @@ def test_gpu_judgement_from_nvml_facts() -> None:
     )
     assert busy.status is Status.WARN
     assert busy.hint is not None and "kill 4242" in busy.hint
+
+
+def test_gpu_subset_checks_only_the_gpus_the_job_uses() -> None:
+    """With CUDA_VISIBLE_DEVICES=2,3 (what `ups launch --gpus 2,3` sets) on an 8-GPU host,
+    another job's process and a bad GPU outside the subset do not fail or warn this job;
+    the same problems on a GPU of the subset do."""
+    gpus = [_fake_gpu(i) for i in range(8)]
+    gpus[0] = _fake_gpu(0, processes=[{"pid": 77, "used_bytes": 4 << 30}])
+    gpus[5] = _fake_gpu(5, ecc_uncorrected=9)
+    subset = evaluate(_fake_gpu_facts(2, gpus, visible="2,3"), expected=2)
+    assert subset.status is Status.PASS, subset.message
+    assert "(GPUs 2,3 of 8)" in subset.message
+    assert subset.details["job_gpus"] == [2, 3]
+
+    inside = evaluate(_fake_gpu_facts(2, gpus, visible="0,5"), expected=2)
+    assert inside.status is Status.FAIL
+    assert "GPU 5 has 9 uncorrected ECC errors" in inside.message
+    assert "GPU 0 already has 1 process(es)" in inside.message
+
+    everything = evaluate(_fake_gpu_facts(8, gpus), expected=8)
+    assert everything.status is Status.FAIL and "GPU 5" in everything.message

@@ -41,6 +41,19 @@ def _visible_count(visible: str | None) -> int | None:
     return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
 
 
+def job_gpus(gpus: list[Any], visible: str | None) -> list[Any]:
+    """The NVML GPUs the job will use: those ``CUDA_VISIBLE_DEVICES`` names by index (what
+    ``--gpus 0,1`` sets), or all of them when it is unset or names GPUs by UUID. Another
+    job's processes on a GPU this job does not use are not this job's problem."""
+    if visible is None:
+        return gpus
+    wanted = [d.strip() for d in visible.split(",") if d.strip()]
+    if not all(d.isdigit() for d in wanted):
+        return gpus
+    by_index = {g.index: g for g in gpus}
+    return [by_index[int(d)] for d in wanted if int(d) in by_index]
+
+
 def _version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(p) for p in v.split(".") if p.isdigit())
 
@@ -75,15 +88,19 @@ def evaluate(facts: GpuFacts, expected: int | None) -> CheckResult:
             unit="GPUs",
             details=details,
         )
+    # Health only of the GPUs this job uses (--gpus / CUDA_VISIBLE_DEVICES): another job's
+    # leftovers on GPU 5 are not this job's problem.
+    used_gpus = job_gpus(nvml.gpus, facts.visible_devices)
+    details["job_gpus"] = [g.index for g in used_gpus]
     problems = [
         *_count_problems(facts, expected, nvml_count),
         *_cuda_problems(facts.torch_cuda, nvml.cuda_driver),
-        *(p for g in nvml.gpus for p in _health_problems(g)),
+        *(p for g in used_gpus for p in _health_problems(g)),
     ]
     return CheckResult(
         name="gpu",
         status=worst([s for s, _, _ in problems]),
-        message="; ".join(m for _, m, _ in problems) or _summary(facts),
+        message="; ".join(m for _, m, _ in problems) or _summary(facts, used_gpus),
         value=seen,
         threshold=expected,
         unit="GPUs",
@@ -183,13 +200,15 @@ def _health_problems(g: GpuInfo) -> list[Problem]:
     return problems
 
 
-def _summary(facts: GpuFacts) -> str:
+def _summary(facts: GpuFacts, used_gpus: list[GpuInfo]) -> str:
     """What a healthy host shows: count, models, least free memory, driver."""
     nvml = facts.nvml
-    names = sorted({g.name for g in nvml.gpus})
+    names = sorted({g.name for g in used_gpus})
     summary = f"{facts.torch_count} GPU(s) visible" + (f": {', '.join(names)}" if names else "")
-    if nvml.gpus:
-        free = min(g.memory_free for g in nvml.gpus)
+    if facts.visible_devices is not None and used_gpus:
+        summary += f" (GPUs {','.join(str(g.index) for g in used_gpus)} of {len(nvml.gpus)})"
+    if used_gpus:
+        free = min(g.memory_free for g in used_gpus)
         summary += f", least free memory {human_bytes(free)}"
     if nvml.driver:
         summary += f", driver {nvml.driver} (CUDA {nvml.cuda_driver})"

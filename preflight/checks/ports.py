@@ -6,16 +6,12 @@ The helpers here are shared with ``ups launch``, which picks a free port instead
 
 from __future__ import annotations
 
-import contextlib
-import os
 import socket
-from pathlib import Path
+
+import psutil
 
 from preflight.options import Context
 from preflight.result import CheckResult, Status, worst
-
-_TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-_LISTEN = "0A"
 
 
 def is_bindable(port: int, host: str = "0.0.0.0") -> bool:
@@ -41,52 +37,30 @@ def pick_free_port(preferred: int, host: str = "0.0.0.0") -> int:
         return int(sock.getsockname()[1])
 
 
-def _socket_inodes(port: int) -> list[str]:
-    """Inodes of TCP sockets bound to ``port`` (listening ones first)."""
-    listening: list[str] = []
-    other: list[str] = []
-    for table in _TCP_TABLES:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 10:
-                continue
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            if local_port != port or fields[9] == "0":
-                continue
-            (listening if fields[3] == _LISTEN else other).append(fields[9])
-    return listening + other
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "?"
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
-
-
 def port_holder(port: int) -> str | None:
     """``"pid 1234 (python -m ...)"`` for the process holding ``port``, when it can be found.
 
-    Reads /proc/net/tcp{,6} for the socket's inode, then /proc/*/fd for its owner. Returns
-    None when no socket is found or the owner is invisible (another user or PID namespace).
+    psutil reads the kernel's socket tables and maps each socket to its process (what this
+    module once did by hand with /proc/net/tcp and /proc/*/fd). Listening sockets come
+    first. Returns None when no socket is found, and a description without a pid when the
+    owner is invisible (another user without root, or another PID namespace).
     """
-    inodes = _socket_inodes(port)
-    if not inodes:
+    try:
+        conns = [c for c in psutil.net_connections(kind="tcp") if c.laddr and c.laddr.port == port]
+    except psutil.AccessDenied:  # macOS without root; Linux reads /proc and needs no privilege
         return None
-    wanted = {f"socket:[{inode}]" for inode in inodes}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        fd_dir = f"/proc/{pid}/fd"
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(fd_dir):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"{fd_dir}/{fd}") in wanted:
-                        return f"pid {pid} ({_cmdline(pid)[:120]})"
-    return f"a socket (inode {inodes[0]}) whose process is not visible here"
+    if not conns:
+        return None
+    conns.sort(key=lambda c: c.status != psutil.CONN_LISTEN)
+    for conn in conns:
+        if conn.pid is None:
+            continue
+        try:
+            cmdline = " ".join(psutil.Process(conn.pid).cmdline()) or "?"
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            cmdline = "?"
+        return f"pid {conn.pid} ({cmdline[:120]})"
+    return f"a {conns[0].status} socket whose process is not visible here"
 
 
 _PortOutcome = tuple[Status, str, str | None, dict[str, object]]
@@ -97,7 +71,7 @@ def _check_port(role: str, port: int, fallback: bool) -> _PortOutcome:
         return Status.PASS, f"{role} port {port} is free", None, {"port": port, "free": True}
     holder = port_holder(port)
     free = pick_free_port(0)
-    held_by = f" held by {holder}" if holder else ""
+    held_by = f", held by {holder}" if holder else ""
     details: dict[str, object] = {"port": port, "free": False, "holder": holder, "suggested": free}
     flag = "--master-port" if role == "master" else "--rdzv-port"
     key = f" (or --set distributed.master_port={free})" if role == "master" else ""

@@ -33,6 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("config", nargs="?", help="run config YAML (not needed with --script)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--nproc-per-node", type=int, help="default: config, else GPUs, else 2")
+    p.add_argument(
+        "--gpus",
+        metavar="I,J,...",
+        help="the GPUs this job uses (sets CUDA_VISIBLE_DEVICES for preflight and workers; "
+        "--nproc-per-node defaults to their count)",
+    )
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address (multi-node)")
@@ -84,6 +90,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _select_gpus(gpus: str) -> None:
+    """``--gpus 0,1``: restrict this job to those GPUs, as CUDA_VISIBLE_DEVICES does.
+
+    Set here, before torch counts devices, so the default --nproc-per-node, preflight's
+    GPU checks and every worker all see the same subset. Raises ValueError.
+    """
+    import os
+
+    ids = [g.strip() for g in gpus.split(",")]
+    if not ids or not all(g.isdigit() for g in ids) or len(set(ids)) != len(ids):
+        raise ValueError(
+            f"ups launch: --gpus {gpus!r} must list distinct GPU indices, e.g. --gpus 0,1"
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids)
+
+
 def _gpu_count() -> int:
     import torch
 
@@ -103,6 +125,8 @@ def main(argv: list[str]) -> int:
         allowed = [w.strip() for w in args.allow_resume_change.split(",") if w.strip()]
         args.overrides.append(f"checkpoint.allow_resume_change=[{','.join(allowed)}]")
     try:
+        if args.gpus is not None:
+            _select_gpus(args.gpus)
         req = LaunchRequest(
             config_path=args.config,
             overrides=args.overrides,
@@ -127,12 +151,12 @@ def main(argv: list[str]) -> int:
         if req.config_path is not None:
             cfg = load_config(req.config_path, req.overrides, check_files=req.skip_preflight)
         from preflight import select_checks
-        from preflight.checks.ports import pick_free_port
+        from ups.launch.ports import reserve_port
 
         select_checks([], req.preflight_skip)  # unknown check names: a flag error, now
 
         gpus = _gpu_count()
-        plan = build_plan(req, cfg, gpu_count=gpus, pick_port=pick_free_port)
+        plan = build_plan(req, cfg, gpu_count=gpus, pick_port=reserve_port)
     except (ConfigError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG

@@ -209,6 +209,8 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
         found, compose_argv(spec, found), spec.compose_service, spec.docker_host
     )
     write_text(conn, found.state("run.sh"), watcher)
-    if plan.secrets:
-        body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
-        write_private(conn, found.state("secrets.env"), body)
+    # docker-compose.yml's `wandb_api_key` secret: compose bind-mounts this 0600 file at
+    # /run/secrets/wandb_api_key and the image's entrypoint reads it as root, so the key
+    # never enters compose's environment, the container's config or `docker inspect`.
+    # Empty when there is no key (W&B then logs offline).
+    write_private(conn, found.state(rc.WANDB_KEY_FILE), env.get("WANDB_API_KEY", ""))

@@ -108,6 +108,10 @@ def file_size_command(path: str) -> str:
     return f"if [ -f {q(path)} ]; then wc -c < {q(path)}; else echo 0; fi"
 
 
+WANDB_KEY_FILE = "wandb_api_key"
+"""docker kind: the W&B key as a 0600 file in the run's state directory (a compose secret)."""
+
+
 def secrets_line(run: RemoteRun) -> str:
     """Export the run's secrets file into the environment, when there is one."""
     path = q(run.state("secrets.env"))
@@ -280,6 +284,7 @@ def compose_argv(
         "UPS_IMAGE_CPU": image,  # the CPU override (docker/compose.cpu.yml) reads this
         "UPS_RUN_ID": run.run_id,
         "UPS_CONFIG": posixpath.relpath(run.state("config.yaml"), run.workdir),
+        "UPS_WANDB_KEY_FILE": run.state(WANDB_KEY_FILE),  # a file's path, never the key
     }
     if docker_host:
         env["DOCKER_HOST"] = docker_host

@@ -1,0 +1,241 @@
+"""The README's Docker commands, exactly as written, in a fresh clone with a root-owned runs/.
+
+The commands are read from the README's Docker section (the CPU lines), so the test and
+the README cannot drift apart. They run with ``bash -c`` in a ``git clone`` of this
+repository. Only environment variables the compose files document change between runs
+(``UPS_CONFIG`` for a short run, ``UPS_USER``, ``UPS_WANDB_KEY_FILE``); the command
+text never does. ``COMPOSE_PROJECT_NAME`` keeps each run's containers apart from any
+other compose project on the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# Generous: on a loaded 2-core machine the first test also pays for the clone, the
+# build check and the demo data (about 1-4 min), and each run for preflight and torch.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_COMPOSE = "docker compose -f docker-compose.yml -f docker/compose.cpu.yml"
+
+
+def readme_docker_commands() -> dict[str, str]:
+    """The CPU commands of the README's Docker section: build, synth and up."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## On Docker") :]
+    section = section[: section.index("\n## ")]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block, "the README's Docker section has no bash block"
+    found = {}
+    for line in block.group(1).splitlines():
+        command = re.sub(r"\s+#.*$", "", line).strip()
+        if command.startswith("scripts/docker-engine.sh"):
+            found["build"] = command
+        elif command.startswith(f"{CPU_COMPOSE} run --rm synth"):
+            found["synth"] = command
+        elif command.startswith(f"{CPU_COMPOSE} up"):
+            found["up"] = command
+    assert set(found) == {"build", "synth", "up"}, found
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Clone:
+    root: Path
+    commands: dict[str, str]
+    image: str
+
+    def run(self, name: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+        """Run one README command verbatim in the clone; stdout and stderr together."""
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "WANDB_"))}
+        project = f"ups-readme-{uuid.uuid4().hex[:8]}"
+        full = {**base, "COMPOSE_PROJECT_NAME": project, "UPS_IMAGE_CPU": self.image, **env}
+        try:
+            return subprocess.run(
+                ["bash", "-c", self.commands[name]],
+                cwd=self.root,
+                env=full,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+            )
+        finally:
+            subprocess.run(
+                ["bash", "-c", f"{CPU_COMPOSE} down --remove-orphans --timeout 5"],
+                cwd=self.root,
+                env=full,
+                capture_output=True,
+                timeout=120,
+            )
+
+    def config(self, name: str, **extra: Any) -> str:
+        """A short variant of configs/demo.yaml under .ups/ (mounted at /app/.ups)."""
+        cfg = yaml.safe_load((self.root / "configs/demo.yaml").read_text())
+        cfg["training"].update(max_steps=6, log_every=1)
+        cfg["distributed"]["master_port"] = _free_port()  # a shared machine: 29500 may be taken
+        cfg["checkpoint"]["every_steps"] = 3
+        cfg.update(extra)
+        path = self.root / ".ups" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump(cfg))
+        return f".ups/{name}.yaml"
+
+    def outcome(self, output: str) -> dict[str, Any]:
+        run_id = re.findall(r'"run_id":"([^"]+)"', output)[-1]
+        result: dict[str, Any] = json.loads(
+            (self.root / "runs" / run_id / "outcome.json").read_text()
+        )
+        return result
+
+
+@pytest.fixture(scope="module")
+def clone(ups_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clone]:
+    """A fresh clone whose runs/ is root's (as Docker or `sudo make demo` leaves it), with the
+    README's build and demo-data commands already run in it."""
+    root = tmp_path_factory.mktemp("readme") / "ups"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(root)], check=True, timeout=120)
+    (root / "runs").mkdir()
+    os.chown(root / "runs", 0, 0)
+    c = Clone(root=root, commands=readme_docker_commands(), image=ups_image)
+    built = c.run("build", timeout=1200)
+    assert built.returncode == 0, built.stdout[-3000:]
+    synth = c.run("synth")
+    assert synth.returncode == 0, synth.stdout[-3000:]
+    assert (root / "data/demo/1D_Advection_Sols_beta0.4.hdf5").exists()
+    yield c
+
+
+def test_readme_up_shows_preflight_then_exits_with_the_run_exit_code(clone: Clone) -> None:
+    """In a fresh clone with a root-owned runs/, the README's `compose up` shows the preflight
+    report in the same terminal, trains, and exits 0; a run whose rank fails exits non-zero."""
+    good = clone.run("up", UPS_CONFIG=clone.config("good"))
+    assert good.returncode == 0, good.stdout[-4000:]
+    assert "preflight OK" in good.stdout  # the preflight table, in this terminal
+    assert good.stdout.index("preflight OK") < good.stdout.index('"train_step"')
+    assert "Traceback" not in good.stdout
+    outcome = clone.outcome(good.stdout)
+    assert outcome["outcome"] == "finished" and outcome["exit_code"] == 0
+
+    faults = [{"kind": "exception", "rank": 1, "step": 3}]
+    bad = clone.run("up", UPS_CONFIG=clone.config("bad", faults=faults))
+    assert bad.returncode == 1, bad.stdout[-4000:]
+    assert clone.outcome(bad.stdout)["outcome"] == "failed"
+
+
+def test_readme_up_runs_as_the_owner_of_runs(clone: Clone) -> None:
+    """When runs/ belongs to uid 1000 the run writes its files as uid 1000, and an empty
+    root-owned cache/ (what the engine creates for a missing mount) is handed to it;
+    forcing another uid that cannot write runs/ ends with one paragraph naming the
+    directory, the uid and the chown that fixes it, a non-zero exit and no traceback."""
+    os.chown(clone.root / "runs", 1000, 1000)
+    cache = clone.root / "cache"
+    cache.mkdir(exist_ok=True)
+    for leftover in cache.iterdir():
+        leftover.unlink()
+    os.chown(cache, 0, 0)
+    try:
+        good = clone.run("up", UPS_CONFIG=clone.config("owner"))
+        assert good.returncode == 0, good.stdout[-4000:]
+        run_id = re.findall(r'"run_id":"([^"]+)"', good.stdout)[-1]
+        written = clone.root / "runs" / run_id / "outcome.json"
+        assert (written.stat().st_uid, written.stat().st_gid) == (1000, 1000)
+        assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
+
+        bad = clone.run("up", UPS_CONFIG=clone.config("owner"), UPS_USER="1001:1001")
+        assert bad.returncode != 0
+        assert "Traceback" not in bad.stdout
+        assert "cannot write /app/runs (the host directory ./runs" in bad.stdout
+        assert "this container runs as uid 1001:1001" in bad.stdout
+        assert "`sudo chown -R 1001:1001 ./runs`" in bad.stdout
+        assert '"train_step"' not in bad.stdout
+    finally:
+        for name in ("runs", "cache"):
+            os.chown(clone.root / name, 0, 0)
+
+
+def test_wandb_key_reaches_the_run_and_nothing_else(clone: Clone, ups_image: str) -> None:
+    """A root-only 0600 key file named by UPS_WANDB_KEY_FILE is readable by the run's user
+    (uid 1000) inside the container, and the key is in no `docker inspect`, no process's
+    argv, no log line and no image layer."""
+    key = "ups-test-" + secrets.token_hex(16)
+    key_file = clone.root.parent / "wandb_key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    for name in ("runs", "cache"):
+        (clone.root / name).mkdir(exist_ok=True)
+        os.chown(clone.root / name, 1000, 1000)
+    probe = (
+        "import hashlib, os, pathlib; k = os.environ.get('WANDB_API_KEY', '').encode(); "
+        "argv = b''.join(p.read_bytes() for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')); "
+        "print('PROBE', os.getuid(), hashlib.sha256(k).hexdigest(), k in argv)"
+    )
+    env = {"UPS_WANDB_KEY_FILE": str(key_file), "UPS_CONFIG": clone.config("key")}
+    project = f"ups-key-{uuid.uuid4().hex[:8]}"
+    compose = f"{CPU_COMPOSE} -p {project}"
+    try:
+        up = clone.run("up", **env)  # a real run with the key: logs and run files
+        assert up.returncode == 0, up.stdout[-4000:]
+        checked = subprocess.run(
+            ["bash", "-c", f"{compose} run --no-deps --name {project}-probe "
+             f'--entrypoint ups-entrypoint train-ddp python -c "{probe}"'],
+            cwd=clone.root, env={**os.environ, "UPS_IMAGE_CPU": ups_image, **env},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        line = next(x for x in checked.stdout.splitlines() if x.startswith("PROBE"))
+        _, uid, digest, in_argv = line.split()
+        assert uid == "1000"
+        assert digest == hashlib.sha256(key.encode()).hexdigest()  # read inside, by uid 1000
+        assert in_argv == "False"  # no process's argv carries it
+        inspect = subprocess.run(
+            ["docker", "inspect", f"{project}-probe"], capture_output=True, text=True, timeout=60
+        )
+        assert inspect.returncode == 0 and key not in inspect.stdout
+        assert key not in up.stdout and key not in checked.stdout + checked.stderr
+        run_id = re.findall(r'"run_id":"([^"]+)"', up.stdout)[-1]
+        for path in (clone.root / "runs" / run_id).rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert key.encode() not in path.read_bytes(), path
+        assert not _image_contains(ups_image, key.encode())
+    finally:
+        subprocess.run(
+            ["bash", "-c", f"{compose} down --remove-orphans; docker rm -f {project}-probe"],
+            cwd=clone.root, env={**os.environ, **env}, capture_output=True, timeout=120,
+        )  # fmt: skip
+        for name in ("runs", "cache"):
+            os.chown(clone.root / name, 0, 0)
+
+
+def _image_contains(image: str, needle: bytes) -> bool:
+    """Whether ``needle`` occurs anywhere in ``docker save IMAGE`` (every layer, the config)."""
+    proc = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    stream = proc.stdout
+    assert stream is not None
+    tail, found = b"", False
+    for chunk in iter(lambda: stream.read(1 << 20), b""):
+        if needle in tail + chunk:
+            found = True
+        tail = chunk[-len(needle) :]
+    assert proc.wait(timeout=600) == 0
+    return found

@@ -1,0 +1,114 @@
+"""Several `ups launch` on one host: each reserves its own master port until it exits."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, worker_env
+from tests.launch_helpers import events_named, launch_cmd, outcome_of
+from ups.launch.ports import release, reserve_port
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+HOLD = """
+import sys, time
+from ups.launch.ports import reserve_port
+print(reserve_port(int(sys.argv[1])), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_port_another_launch_reserved_is_not_planned_again(tmp_path: Path) -> None:
+    """While one process holds the reservation of port P (bindable, not yet bound), a
+    second one gets another port; once the first exits, P can be reserved again."""
+    preferred = _free_port()
+    env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(preferred)],
+        stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert int(holder.stdout.readline()) == preferred
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("UPS_PORT_LOCK_DIR", str(tmp_path / "locks"))
+            other = reserve_port(preferred)
+            assert other != preferred
+            release(other)
+            holder.kill()
+            holder.wait(timeout=30)
+            assert reserve_port(preferred) == preferred  # the kernel dropped the dead lock
+            release(preferred)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_three_launches_started_at_once_all_finish(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Three `ups launch` of the same config and master port, started in the same instant,
+    all run preflight and train to "finished" on three different master ports (before,
+    the second and third died with EADDRINUSE after preflight)."""
+    port = _free_port()
+    config = make_config(distributed={"master_port": port})
+    env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
+    procs = [
+        subprocess.Popen(
+            launch_cmd(str(config), "--run-id", f"par{i}", "--preflight-skip", "allreduce"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for i in range(3)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, out[-3000:]
+        assert "EADDRINUSE" not in out
+    endpoints = [events_named(out, "launch plan")[0]["rdzv_endpoint"] for out in outputs]
+    assert len(set(endpoints)) == 3, endpoints
+    assert f"127.0.0.1:{port}" in endpoints
+    for i in range(3):
+        assert outcome_of(tmp_path / "runs" / f"par{i}")["outcome"] == "finished"
+
+
+def test_gpus_flag_reaches_every_worker_and_rejects_typos(tmp_path: Path) -> None:
+    """`--gpus 2,3` is the job's CUDA_VISIBLE_DEVICES in every worker (so preflight, the
+    default --nproc-per-node and the workers agree on the subset); `--gpus 0,x` is a flag
+    error (exit 2) before anything starts."""
+    script = tmp_path / "cvd.py"
+    script.write_text(
+        "import os\nprint('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), flush=True)\n"
+    )
+    out = tmp_path / "runs"
+    args = ["--script", str(script), "--output-dir", str(out), "--preflight-skip", "allreduce"]
+    ok = subprocess.run(
+        launch_cmd(*args, "--gpus", "2,3", "--nproc-per-node", "2"),
+        capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
+    assert ok.stdout.count("CVD=2,3") == 2
+
+    bad_out = tmp_path / "bad"
+    bad = subprocess.run(
+        launch_cmd("--script", str(script), "--output-dir", str(bad_out), "--gpus", "0,x"),
+        capture_output=True, text=True, timeout=120, env=worker_env(), cwd=REPO,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--gpus '0,x' must list distinct GPU indices" in bad.stderr
+    assert not bad_out.exists()
