@@ -224,45 +224,17 @@ def build_plan(
     nproc, nproc_source = _resolve_nproc(req, cfg, gpu_count)
 
     preferred = req.master_port or (cfg.distributed.master_port if cfg else DEFAULT_MASTER_PORT)
-    port_note = None
+    host, port, rdzv_host, port_note = _rendezvous(req, preferred, pick_port)
     if req.rdzv_endpoint:
-        # The endpoint is shared with the other nodes: it cannot be changed here. Preflight
-        # checks that node 0 can bind it.
-        host, preferred = split_endpoint(req.rdzv_endpoint)
-        port = preferred
-        rdzv_host = req.node_rank == 0
-    else:
-        host, rdzv_host = "127.0.0.1", True
-        port = pick_port(preferred)
-        if port != preferred:
-            port_note = f"port {preferred} is taken; using free port {port}"
+        preferred = port  # the shared endpoint's port is the one asked for
     endpoint = f"{host}:{port}"
-
     worker_argv = _worker_argv(req, run_id)
-    rdzv_timeout = int(cfg.distributed.init_timeout_s) if cfg else DEFAULT_RDZV_TIMEOUT_S
     dcfg = cfg.distributed if cfg else DistributedConfig()
     grace = shutdown_timeout_s(dcfg.stop_grace_s)
-    # Static rendezvous: node N is group rank N and global ranks follow node order, so
-    # rank 0 (outcome.json, W&B) is always on node 0, and MASTER_PORT is exactly the port
-    # checked above. (c10d rendezvous orders nodes by address and pid, and gives workers
-    # a second, random master port.) Node 0's agent hosts the store on that port.
-    torchrun_argv = [
-        f"--nnodes={req.nnodes}",
-        f"--nproc-per-node={nproc}",
-        f"--node-rank={req.node_rank}",
-        "--rdzv-backend=static",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={run_id}",
-        # A node whose peers never come fails after this instead of waiting torch's 600 s.
-        f"--rdzv-conf=timeout={rdzv_timeout}",
-        f"--log-dir={run_dir / 'torchelastic'}",
-        # In-place restarts are launch's (--max-restarts): it reads the outcome between
-        # attempts and restarts only for retryable causes (ups.retry).
-        "--max-restarts=0",
-        # SIGTERM -> the workers get this long to stop at a step and save (ups.grace).
-        f"--shutdown-timeout={grace}",
-        *worker_argv,
-    ]
+    rdzv_timeout = int(cfg.distributed.init_timeout_s) if cfg else DEFAULT_RDZV_TIMEOUT_S
+    torchrun_argv = _torchrun_argv(
+        req, nproc, endpoint, run_id, run_dir, rdzv_timeout, grace, worker_argv
+    )
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run_dir),
@@ -295,6 +267,53 @@ def build_plan(
         resume=asdict(choice.resume) if choice.resume else None,
         resume_note=choice.note,
     )
+
+
+def _rendezvous(
+    req: LaunchRequest, preferred: int, pick_port: Callable[[int], int]
+) -> tuple[str, int, bool, str | None]:
+    """(host, port, whether this node hosts the store, a note when the port moved)."""
+    if req.rdzv_endpoint:
+        # The endpoint is shared with the other nodes: it cannot be changed here. Preflight
+        # checks that node 0 can bind it.
+        host, port = split_endpoint(req.rdzv_endpoint)
+        return host, port, req.node_rank == 0, None
+    port = pick_port(preferred)
+    note = f"port {preferred} is taken; using free port {port}" if port != preferred else None
+    return "127.0.0.1", port, True, note
+
+
+def _torchrun_argv(
+    req: LaunchRequest,
+    nproc: int,
+    endpoint: str,
+    run_id: str,
+    run_dir: Path,
+    rdzv_timeout: int,
+    grace: int,
+    worker_argv: list[str],
+) -> list[str]:
+    # Static rendezvous: node N is group rank N and global ranks follow node order, so
+    # rank 0 (outcome.json, W&B) is always on node 0, and MASTER_PORT is exactly the port
+    # checked above. (c10d rendezvous orders nodes by address and pid, and gives workers
+    # a second, random master port.) Node 0's agent hosts the store on that port.
+    return [
+        f"--nnodes={req.nnodes}",
+        f"--nproc-per-node={nproc}",
+        f"--node-rank={req.node_rank}",
+        "--rdzv-backend=static",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        # A node whose peers never come fails after this instead of waiting torch's 600 s.
+        f"--rdzv-conf=timeout={rdzv_timeout}",
+        f"--log-dir={run_dir / 'torchelastic'}",
+        # In-place restarts are launch's (--max-restarts): it reads the outcome between
+        # attempts and restarts only for retryable causes (ups.retry).
+        "--max-restarts=0",
+        # SIGTERM -> the workers get this long to stop at a step and save (ups.grace).
+        f"--shutdown-timeout={grace}",
+        *worker_argv,
+    ]
 
 
 def _worker_argv(req: LaunchRequest, run_id: str) -> list[str]:

@@ -283,16 +283,24 @@ def _finish(outcome: Outcome, env: DistEnv, run_dir: Path | None, tracker: Track
     )
 
 
-class _Progress:
-    """What the run is doing and where it came from, for every outcome it writes."""
+class _Run:
+    """What the run is doing, where it came from and what exists of it so far: every
+    outcome, on every way out, is stamped from here."""
 
     def __init__(self) -> None:
+        self.run_id = "unknown"
+        self.run_dir: Path | None = None
+        self.trainer: Trainer | None = None
         self.resumed_from: dict[str, Any] | None = None
         self.enter("init")
 
     def enter(self, phase: str) -> None:
         self.phase = phase
         log.info("phase", phase=phase)  # ups launch follows these lines for its own outcome
+
+    @property
+    def step(self) -> int | None:
+        return self.trainer.state.step if self.trainer is not None else None
 
     def stamp(self, outcome: Outcome) -> Outcome:
         return dataclasses.replace(outcome, phase=self.phase, resumed_from=self.resumed_from)
@@ -302,102 +310,117 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
     """Init, build in DDP order, train, evaluate; write the outcome on every way out."""
     tracker = Tracker()
     device = init_distributed(env, cfg.distributed)
-    run_id, run_dir, trainer = "unknown", None, None
-    progress = _Progress()
+    run = _Run()
     try:
-        run_id = _agree_run_id(cfg, env)
-        run_dir = _open_run_dir(cfg, env, run_id)
-        tracker.start(cfg, run_id=run_id, run_dir=run_dir, rank=env.rank)
-        torch.manual_seed(cfg.run.seed)
-        # The process group exists, so the loader shards by rank (REFERENCE §1).
-        loader = build_loader(
-            list(cfg.tasks),
-            infos,
-            batch_size=cfg.training.batch_size,
-            num_workers=cfg.training.num_workers,
-            rank=env.rank,
-            world_size=env.world_size,
-            seed=cfg.run.seed,
-        )
-        trainer = build_trainer(
-            cfg,
-            env,
-            infos,
-            device,
-            loader=loader,
-            tracker=tracker,
-            stop=stop,
-            checkpoint_dir=run_dir / "checkpoints",
-        )
-        progress.resumed_from = _resume(trainer, cfg, env, run_dir / "checkpoints")
-        log.info(
-            "train_start",
-            steps=trainer.total_steps,
-            from_step=trainer.state.step,
-            steps_per_epoch=loader.steps_per_epoch,
-            device=str(device),
-        )
-        progress.enter("training")
-        result = trainer.run()
-        model = trainer.model.module
-        log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
-        progress.enter("final_save")
-        # Every rank reached the end (or the stop) and agrees the checkpoint is on disk.
-        checkpoint = trainer.checkpoint()
-        if result == "preempted":
-            outcome = Outcome(
-                run_id=run_id,
-                outcome="preempted",
-                exit_code=EXIT_PREEMPTED,
-                reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
-                f"{trainer.state.step - 1}; run the same command again to resume",
-                step=trainer.state.step,
-                world_size=env.world_size,
-                signal=stop.signal_name,
-                checkpoint=str(checkpoint) if checkpoint else None,
-                cause="preempted",
-            )
-            _finish(progress.stamp(outcome), env, run_dir, tracker)
-            return EXIT_PREEMPTED
-        progress.enter("evaluation")
-        metrics = evaluate(model, cfg, infos, env, device)
-        tracker.summary(metrics)
-        log.info("eval", **metrics)
-        if (bad := nonfinite_metrics(metrics)) is not None:
-            raise bad  # every rank holds the same reduced metrics, so every rank raises
-        dist.barrier()
-        outcome = Outcome(
-            run_id=run_id,
-            outcome="finished",
-            exit_code=EXIT_OK,
-            reason=f"all {env.world_size} rank(s) finished {trainer.state.step} steps "
-            f"({trainer.state.skipped} skipped)",
-            step=trainer.state.step,
-            world_size=env.world_size,
-            metrics=metrics,
-            checkpoint=str(checkpoint) if checkpoint else None,
-        )
-        _finish(progress.stamp(outcome), env, run_dir, tracker)
-        shutdown_distributed()
-        return EXIT_OK
+        trainer = _build(run, cfg, env, infos, device, tracker, stop)
+        outcome = _train_and_evaluate(run, trainer, cfg, env, infos, device, tracker, stop)
     except ResumeRefused as exc:
         # A decision every rank took together (rank 0 broadcast it): a config error, no trace.
-        refused = Outcome(
-            run_id=run_id, outcome="failed", exit_code=EXIT_CONFIG, reason=str(exc),
+        outcome = Outcome(
+            run_id=run.run_id, outcome="failed", exit_code=EXIT_CONFIG, reason=str(exc),
             world_size=env.world_size, cause="config",
         )  # fmt: skip
-        _finish(progress.stamp(refused), env, run_dir, tracker)
-        shutdown_distributed()
-        return EXIT_CONFIG
     except RunFailed as exc:
         # Agreed by every rank at the same point: a clean exit with its code, no traceback.
-        step = trainer.state.step if trainer is not None else None
         log.error("run_failed", error=exc.reason, exit_code=exc.exit_code)
-        _finish(_failure(exc, cfg, env, step, run_id), env, run_dir, tracker)
-        shutdown_distributed()
-        return exc.exit_code
+        outcome = _failure(exc, cfg, env, run.step, run.run_id)
     except BaseException as exc:
-        step = trainer.state.step if trainer is not None else None
         log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")
-        _finish(progress.stamp(_failure(exc, cfg, env, step, run_id)), env, run_dir, tracker)
+        _finish(run.stamp(_failure(exc, cfg, env, run.step, run.run_id)), env, run.run_dir, tracker)
         raise
+    _finish(run.stamp(outcome), env, run.run_dir, tracker)
+    if outcome.outcome != "preempted":  # a preempted worker exits while torchrun stops it
+        shutdown_distributed()
+    return outcome.exit_code
+
+
+def _build(
+    run: _Run,
+    cfg: Config,
+    env: DistEnv,
+    infos: dict[str, TaskInfo],
+    device: torch.device,
+    tracker: Tracker,
+    stop: StopFlag,
+) -> Trainer:
+    """Run id, run directory, tracker, loader (after the process group: it shards by rank,
+    REFERENCE §1), trainer, then the resume from the newest good checkpoint."""
+    run.run_id = _agree_run_id(cfg, env)
+    run.run_dir = _open_run_dir(cfg, env, run.run_id)
+    tracker.start(cfg, run_id=run.run_id, run_dir=run.run_dir, rank=env.rank)
+    torch.manual_seed(cfg.run.seed)
+    loader = build_loader(
+        list(cfg.tasks),
+        infos,
+        batch_size=cfg.training.batch_size,
+        num_workers=cfg.training.num_workers,
+        rank=env.rank,
+        world_size=env.world_size,
+        seed=cfg.run.seed,
+    )
+    checkpoints = run.run_dir / "checkpoints"
+    run.trainer = build_trainer(
+        cfg, env, infos, device, loader=loader, tracker=tracker, stop=stop,
+        checkpoint_dir=checkpoints,
+    )  # fmt: skip
+    run.resumed_from = _resume(run.trainer, cfg, env, checkpoints)
+    log.info(
+        "train_start",
+        steps=run.trainer.total_steps,
+        from_step=run.trainer.state.step,
+        steps_per_epoch=loader.steps_per_epoch,
+        device=str(device),
+    )
+    return run.trainer
+
+
+def _train_and_evaluate(
+    run: _Run,
+    trainer: Trainer,
+    cfg: Config,
+    env: DistEnv,
+    infos: dict[str, TaskInfo],
+    device: torch.device,
+    tracker: Tracker,
+    stop: StopFlag,
+) -> Outcome:
+    """Train to the end or the agreed stop, save, and (when finished) evaluate."""
+    run.enter("training")
+    result = trainer.run()
+    model = trainer.model.module
+    log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
+    run.enter("final_save")
+    # Every rank reached the end (or the stop) and agrees the checkpoint is on disk.
+    checkpoint = trainer.checkpoint()
+    saved = str(checkpoint) if checkpoint else None
+    if result == "preempted":
+        return Outcome(
+            run_id=run.run_id,
+            outcome="preempted",
+            exit_code=EXIT_PREEMPTED,
+            reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
+            f"{trainer.state.step - 1}; run the same command again to resume",
+            step=trainer.state.step,
+            world_size=env.world_size,
+            signal=stop.signal_name,
+            checkpoint=saved,
+            cause="preempted",
+        )
+    run.enter("evaluation")
+    metrics = evaluate(model, cfg, infos, env, device)
+    tracker.summary(metrics)
+    log.info("eval", **metrics)
+    if (bad := nonfinite_metrics(metrics)) is not None:
+        raise bad  # every rank holds the same reduced metrics, so every rank raises
+    dist.barrier()
+    return Outcome(
+        run_id=run.run_id,
+        outcome="finished",
+        exit_code=EXIT_OK,
+        reason=f"all {env.world_size} rank(s) finished {trainer.state.step} steps "
+        f"({trainer.state.skipped} skipped)",
+        step=trainer.state.step,
+        world_size=env.world_size,
+        metrics=metrics,
+        checkpoint=saved,
+    )
