@@ -46,9 +46,11 @@ def test_sigterm_during_the_preflight_allreduce_leaves_no_worker_behind(tmp_path
     [
         ({"event": "starting torchrun"}, {"torchrun_start", "data_check", "init", "training",
                                           "final_save"}),
+        ({"event": "phase", "phase": "data_check"}, {"data_check", "init", "training",
+                                                     "final_save"}),
         ({"event": "phase", "phase": "training"}, {"training", "final_save"}),
     ],
-    ids=["torchrun-start", "training"],
+    ids=["torchrun-start", "data-check", "training"],
 )  # fmt: skip
 def test_sigterm_at_a_phase_ends_every_process_and_names_it(
     make_config: Callable[..., Path],
@@ -56,9 +58,9 @@ def test_sigterm_at_a_phase_ends_every_process_and_names_it(
     phase_event: dict[str, str],
     phases: set[str],
 ) -> None:
-    """SIGTERM as torchrun starts or during training: launch ends (75 preempted, or 143
-    when the workers had not installed their handler yet), the outcome names a phase of
-    that moment, and no process survives."""
+    """SIGTERM as torchrun starts, during the data check or training: launch ends (75
+    preempted, or 143 when the workers had not installed their handler yet), the outcome
+    names a phase of that moment, and no process survives."""
     cfg = make_config(training={"max_steps": 100_000, "epochs": 1000})
     log = tmp_path / "runs" / "latest" / "logs" / "launch.log"
     proc = start(str(tmp_path), str(cfg), "--skip-preflight")
