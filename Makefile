@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 .PHONY: venv demo test lint bench clean
 
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
+	test -x $(BIN)/pip || $(PY) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and exactly, so the CPU build is what satisfies the range below.
 	$(BIN)/pip install --quiet "torch==2.13.0"
