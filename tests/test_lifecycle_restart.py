@@ -63,3 +63,24 @@ def test_deterministic_failure_is_neither_restarted_nor_resumed(
     planned = json.loads(plan.stdout)
     assert planned["run_id"] != run_dir.name and planned["resume"] is None
     assert "Python exception" in planned["resume_note"]
+
+
+def test_diverging_run_exits_65_through_launch_and_is_not_resumed(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """`ups launch --set training.lr=1e6 --max-restarts 2`: exit 65 (not torchrun's 1), one
+    attempt, cause `nonfinite`, a reason that names the fix and not torchrun's teardown of
+    the slower rank; the same command then starts a new run instead of resuming."""
+    cfg = make_config(training={"max_steps": 20}, checkpoint={"every_steps": 2})
+    proc = run(
+        str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "2",
+        "--set", "training.lr=1e6",
+    )  # fmt: skip
+    assert proc.returncode == 65, proc.stdout[-3000:]
+    run_dir = (tmp_path / "runs" / "latest").resolve()
+    out = outcome(run_dir)
+    assert (out["cause"], out["exit_code"], len(out["attempts"])) == ("nonfinite", 65, 1)
+    assert "lower training.lr" in out["reason"] and "torchrun:" not in out["reason"]
+    plan = run(str(tmp_path), str(cfg), "--dry-run")
+    planned = json.loads(plan.stdout)
+    assert planned["run_id"] != run_dir.name and planned["resume"] is None

@@ -171,8 +171,11 @@ def _amend_failed(
     rank = cause.rank if written.failed_rank is None else written.failed_rank
     failure = result.failure_of(rank) or cause
     changes: dict[str, Any] = {}
-    if written.exit_code == EXIT_CONFIG:
-        return written  # every rank refused together (e.g. a resume mismatch): nothing to add
+    if written.exit_code in _TRAINER_CODES or written.cause in _AGREED_CAUSES:
+        # Every rank stopped together at one agreement (a refused resume, a non-finite
+        # loss, a failed save, too many skips): the reason is complete. How torchrun then
+        # tore the others down (SIGTERM to the slower rank) would only mislead.
+        return written
     if written.failed_rank is None:
         changes["failed_rank"] = failure.rank
     if written.signal is None and failure.signal:
@@ -190,6 +193,8 @@ def _amend_failed(
 
 
 _TRAINER_CODES = (EXIT_CONFIG, EXIT_NONFINITE, EXIT_SAVE_FAILED)
+_AGREED_CAUSES = {"config", "nonfinite", "save_failed", "too_many_oom_skips", "oom_in_step"}
+"""Causes of a ``RunFailed`` that every rank raised at the same agreement."""
 
 
 def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
