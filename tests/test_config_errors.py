@@ -91,7 +91,7 @@ def test_set_reads_values_as_typed_yaml(tmp_path: Path) -> None:
             "tasks.1.test_fraction=.25",
             "training.record_sample_ids=true",
             "cache.extra_files=[a.pt, b.pt]",
-            "run.name=exp 7",
+            "run.name=exp-7",
         ],
         check_files=False,
     )
@@ -102,7 +102,7 @@ def test_set_reads_values_as_typed_yaml(tmp_path: Path) -> None:
     assert cfg.tasks[1].test_fraction == 0.25
     assert cfg.training.record_sample_ids is True
     assert [p.name for p in cfg.cache.extra_files] == ["a.pt", "b.pt"]
-    assert cfg.run.name == "exp 7"
+    assert cfg.run.name == "exp-7"
 
 
 def test_exponent_floats_in_the_yaml_file(tmp_path: Path) -> None:
