@@ -199,7 +199,9 @@ def test_stop_then_same_deploy_command_continues_the_run(
     again (no --run) continues that run from its checkpoint to the end, showing only the
     new log lines; `--fresh` would start a new id."""
     hosts, workdir = _setup(sshd, demo_data, tmp_path)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=40)
+    # Long enough that `fab stop` (an SSH round trip or two after step 5) lands in training
+    # even on a loaded machine, not after the last step.
+    config = demo_config(tmp_path / "demo.yaml", max_steps=300)
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
     started = fab(*deploy, "--skip-preflight", "--detach")
     assert started.returncode == 0, started.stderr
@@ -225,7 +227,7 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert f"started run {run_id}" in again.stdout
     outcome = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
-    assert outcome["reason"].startswith("all 2 rank(s) finished 40 steps")
+    assert outcome["reason"].startswith("all 2 rank(s) finished 300 steps")
     new_events = [
         json.loads(line)
         for line in log.read_bytes()[size_before:].decode().splitlines()
