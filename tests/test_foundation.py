@@ -83,3 +83,15 @@ def test_run_id_validation_refuses_unsafe_names(bad: str) -> None:
     """Shell metacharacters, path escapes and oversize names are refused with the rule."""
     problem = run_id_problem(bad)
     assert problem is not None and "letters, digits" in problem
+
+
+def test_human_bytes_never_writes_scientific_notation() -> None:
+    """Sizes and rates read as people write them, also just below the next unit."""
+    from preflight.units import human_bytes
+
+    assert human_bytes(1000 * 1024**2) == "1000 MiB"  # was "1e+03 MiB"
+    assert human_bytes(1023.9 * 1024**2) == "1024 MiB"
+    assert human_bytes(1.5 * 1024**3) == "1.5 GiB"
+    assert human_bytes(123.4 * 1024) == "123 KiB"
+    assert human_bytes(12.34 * 1024**2) == "12.3 MiB"
+    assert human_bytes(512) == "512 B"
