@@ -16,5 +16,6 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
     $SUDO chmod +x /usr/sbin/policy-rc.d
     trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-$SUDO apt-get install -y -qq --no-install-recommends openssh-server >/dev/null
+# iproute2 (ip netns: multi-host tests) and util-linux (unshare, setpriv: Vast instances).
+$SUDO apt-get install -y -qq --no-install-recommends openssh-server iproute2 util-linux >/dev/null
 test -x /usr/sbin/sshd
