@@ -201,7 +201,11 @@ def test_under_torchrun_every_rank_stops_before_training(
     make_config: MakeConfig, tmp_path: Path
 ) -> None:
     """Under torchrun a bad config ends the job within seconds (not after the 120 s init
-    timeout): both workers exit 2 with the key named, no run dir, no ``train_start``."""
+    timeout): the workers exit 2 with the key named, no run dir, no ``train_start``.
+
+    The first worker to exit 2 makes torchrun stop the other; when that one has not
+    parsed its config yet it ends by torchrun's SIGTERM instead of logging the error
+    itself (a race CI hit), so one or both ranks name the key."""
     config = make_config(distributed={"init_timeout_s": 120, "collective_timeout_s": 30})
     started = time.monotonic()
     result = torchrun(config, "--set", "training.batch_size=0", timeout=180)
@@ -210,7 +214,8 @@ def test_under_torchrun_every_rank_stops_before_training(
     events = result.events()
     assert "train_start" not in {e["event"] for e in events}
     invalid = [e for e in events if e["event"] == "config_invalid"]
-    assert sorted(e["rank"] for e in invalid) == [0, 1]
+    ranks = sorted(e["rank"] for e in invalid)
+    assert ranks in ([0], [1], [0, 1]), ranks
     assert all("training.batch_size" in e["error"] for e in invalid)
     assert "exitcode  : 2" in result.stderr  # torchrun's failure summary names each worker's code
     assert _no_run_dir(tmp_path / "runs")
