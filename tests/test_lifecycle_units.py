@@ -266,3 +266,38 @@ def test_cuda_rng_state_round_trips_through_a_checkpoint(tmp_path: Path) -> None
     assert restore_rng(hit[1]) is None
     again = [torch.rand(4, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
     assert all(torch.equal(a, b) for a, b in zip(expected, again, strict=True))
+
+
+@pytest.mark.parametrize("workers_failed", [False, True])
+def test_a_stop_after_every_rank_finished_keeps_the_run_finished(
+    tmp_path: Path, workers_failed: bool
+) -> None:
+    """SIGTERM reaching ups launch during the final evaluation: the ranks finish, write
+    "finished" and exit 0, torchrun exits 143. The run is finished (exit 0, the stop noted),
+    not "failed". A worker that did fail still turns "finished" into "failed"."""
+    from ups.launch.finalize import exit_code, finalize_outcome
+    from ups.launch.runner import TorchrunResult, WorkerFailure
+
+    plan = build_plan(
+        LaunchRequest(script="t.py", run_id="r1", output_dir=str(tmp_path)),
+        None, gpu_count=0, pick_port=lambda p: p,
+    )  # fmt: skip
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    write_outcome(run_dir, Outcome(run_id="r1", outcome="finished", exit_code=0, reason="done"))
+    failures = [
+        WorkerFailure(
+            rank=1, local_rank=1, exitcode=1, signal=None, error_file=None, message="x", timestamp=1
+        )
+    ]
+    result = TorchrunResult(
+        rc=143, status="signal", signal="SIGTERM", received_signal="SIGTERM",
+        failures=failures if workers_failed else [], phase="evaluation",
+    )  # fmt: skip
+    final = finalize_outcome(plan, result)
+    assert read_outcome(run_dir) == final
+    if workers_failed:
+        assert (final.outcome, exit_code(final, result.rc)) == ("failed", 143)
+    else:
+        assert (final.outcome, exit_code(final, result.rc)) == ("finished", 0)
+        assert "received SIGTERM after every rank had finished" in final.reason

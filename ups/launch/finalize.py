@@ -146,7 +146,13 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         return seen
     final = written
     cause = result.root_cause()
-    if written.outcome == "finished" and result.rc != 0:
+    if written.outcome == "finished" and _finished_before_the_stop(result):
+        # The stop reached torchrun after every rank had finished (during the evaluation
+        # or the teardown): the work is complete, so the run is "finished", and says so.
+        sig = result.received_signal or result.signal
+        reason = f"{written.reason}; ups launch received {sig} after every rank had finished"
+        final = dataclasses.replace(written, reason=reason)
+    elif written.outcome == "finished" and result.rc != 0:
         # A rank crashed after rank 0 reported success (e.g. in teardown): never report
         # "finished" for a run whose exit code says otherwise.
         final = dataclasses.replace(
@@ -159,6 +165,12 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
     return final
+
+
+def _finished_before_the_stop(result: TorchrunResult) -> bool:
+    """torchrun exited non-zero only because it was stopped: no worker failed."""
+    stopped = result.status == "signal" or result.received_signal is not None
+    return result.rc != 0 and stopped and not result.failures
 
 
 def _amend_failed(
@@ -203,6 +215,8 @@ def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
     whose outcome is not "finished" never exits 0."""
     if outcome.outcome == "preempted" or outcome.exit_code in _TRAINER_CODES:
         return outcome.exit_code
+    if outcome.outcome == "finished" and outcome.exit_code == 0:
+        return 0  # _decide keeps "finished" only where no worker failed
     if torchrun_rc != 0:
         return torchrun_rc
     if outcome.outcome != "finished":
