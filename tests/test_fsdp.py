@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import PYTHON, REPO, only_run_dir, parse_events, rank_events, torchrun
 from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, read_outcome
+from ups.train.resume import ResumeRefused, check_resume
 from ups.train.sharded import MANIFEST, latest_good_sharded, list_sharded, save_sharded
 
 
@@ -157,3 +158,20 @@ def test_export_names_what_is_wrong(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 1
     assert "no checkpoint that verifies" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_refuses_another_strategy_and_an_fsdp_world_size_change() -> None:
+    """A ddp checkpoint resumed as fsdp is refused even with every change allowed; under
+    fsdp a world size change is refused although --allow-resume-change world_size was
+    given, and the refusal says why instead of suggesting that flag."""
+    ddp = {"strategy": "ddp", "world_size": 2, "batch_size": 8, "global_batch": 16,
+           "config": {"seed": 0}, "torch": "2.13.0", "data": {}}  # fmt: skip
+    every = ["world_size", "batch", "config", "torch", "data"]
+    with pytest.raises(ResumeRefused, match=r"training\.strategy ddp -> fsdp"):
+        check_resume(ddp, {**ddp, "strategy": "fsdp"}, every, "ckpt")
+    fsdp = {**ddp, "strategy": "fsdp"}
+    with pytest.raises(ResumeRefused) as err:
+        check_resume(fsdp, {**fsdp, "world_size": 4, "global_batch": 32}, every, "ckpt")
+    assert "world size 2 -> 4" in str(err.value) and "cannot change" in str(err.value)
+    assert "--allow-resume-change" not in str(err.value)
+    assert check_resume(ddp, {**ddp, "world_size": 4, "global_batch": 32}, every, "ckpt")

@@ -90,7 +90,8 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[st
         if old != new:
             found.setdefault(group, []).append(f"{what} {old} -> {new}")
 
-    note("strategy", "training.strategy", saved.get("strategy", "ddp"), now["strategy"])
+    # Checkpoints from before training.strategy existed are DDP's.
+    note("strategy", "training.strategy", saved.get("strategy", "ddp"), now.get("strategy", "ddp"))
     note("world_size", "world size", saved["world_size"], now["world_size"])
     note("batch", "per-rank batch", saved["batch_size"], now["batch_size"])
     old_cfg, new_cfg = _flat("", saved["config"]), _flat("", now["config"])
@@ -115,7 +116,7 @@ def check_resume(
         return ["checkpoint predates resume checks: world size, config and data not verified"]
     diffs = differences(saved, now)
     # A sharded checkpoint is read back shard by shard: the world size must match.
-    fixed = {"strategy", "world_size"} if now["strategy"] == "fsdp" else {"strategy"}
+    fixed = {"strategy", "world_size"} if now.get("strategy") == "fsdp" else {"strategy"}
     refused = {g: d for g, d in diffs.items() if g not in allowed or g in fixed}
     if refused:
         listing = "; ".join(d for group in refused.values() for d in group)
