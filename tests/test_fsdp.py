@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import PYTHON, REPO, only_run_dir, parse_events, rank_events, torchrun
 from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, read_outcome
+from ups.train.checkpoint import CheckpointSaveFailed
 from ups.train.resume import ResumeRefused, check_resume
 from ups.train.sharded import MANIFEST, latest_good_sharded, list_sharded, save_sharded
 
@@ -115,10 +116,12 @@ def test_sigterm_sharded_checkpoint_resumes_to_the_uninterrupted_weights(
     assert "world size 2 -> 1" in refused.reason and "fsdp" in refused.reason
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one process on purpose
 def test_a_sharded_checkpoint_is_complete_or_skipped(tmp_path: Path) -> None:
     """One process, real DCP: keep_last prunes older directories and a stale temporary
     one; a shard modified after the save makes resume skip that checkpoint for the older
-    good one, with the file named; a directory without a manifest is never trusted."""
+    good one; a directory without a manifest is never trusted; a save that cannot write
+    raises CheckpointSaveFailed naming the checkpoint and the fix."""
     ckpts = tmp_path / "checkpoints"
     stale = ckpts / ".step_000001.dcp.tmp"
     stale.mkdir(parents=True)
@@ -140,6 +143,12 @@ def test_a_sharded_checkpoint_is_complete_or_skipped(tmp_path: Path) -> None:
 
     (ckpts / "step_000004.dcp" / MANIFEST).unlink()
     assert latest_good_sharded(ckpts) is None
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the checkpoint directory should be")
+    with pytest.raises(CheckpointSaveFailed) as err:
+        save_sharded(blocked, 8, {"model": {"w": torch.ones(2)}}, {}, keep_last=2, is_rank0=True)
+    assert "step_000008.dcp" in err.value.reason() and "Fix:" in err.value.reason()
 
 
 def test_export_names_what_is_wrong(tmp_path: Path) -> None:

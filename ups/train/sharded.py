@@ -37,7 +37,8 @@ from ups.log import get_logger
 from ups.train.checkpoint import CheckpointCorrupt, CheckpointSaveFailed, list_checkpoints
 
 _NAME = re.compile(r"^step_(\d+)\.dcp$")
-_TMP = re.compile(r"^\.step_\d+\.dcp\.tmp$")
+_LEFTOVER = re.compile(r"^\.step_\d+\.dcp\.(tmp|old)$")
+"""A killed attempt's temporary directory, or a replaced one not yet removed."""
 META = "meta.pt"
 MANIFEST = "manifest.json"
 log = get_logger("checkpoint")
@@ -104,7 +105,12 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
     if final.exists():
         shutil.rmtree(aside, ignore_errors=True)
         final.rename(aside)
-    tmp.rename(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if aside.exists():
+            aside.rename(final)
+        raise
     _fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
@@ -140,7 +146,7 @@ def save_sharded(
         for _, old in list_sharded(directory)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in directory.iterdir():
-            if _TMP.match(stale.name):
+            if _LEFTOVER.match(stale.name):
                 shutil.rmtree(stale, ignore_errors=True)
     return final
 
