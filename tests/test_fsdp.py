@@ -47,7 +47,7 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
     backward (FSDP's hooks mid-flight) skip exactly those steps on both ranks without a
     hang; the shards end equal across ranks, only keep_last sharded checkpoints remain
     (no temporary directory), and the held-out error is in the band of a DDP run with the
-    same faults."""
+    same faults. Resuming that DDP run under fsdp is refused (exit 2) naming the strategy."""
     faults = {"UPS_FAULTS": "oom@1:3,oom@0:5:backward"}
     common = {"checkpoint": {"every_steps": 2, "keep_last": 2}}
     runs = {}
@@ -74,6 +74,17 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
     assert fsdp.keys() == ddp.keys() and fsdp
     for key, value in ddp.items():
         assert abs(fsdp[key] - value) <= 0.05 * value, (key, fsdp[key], value)
+
+    switched = make_config(
+        training={"max_steps": 8, "strategy": "fsdp"},
+        run={"output_dir": str(tmp_path / "ddp")},
+        **common,
+    )
+    result = torchrun(switched, env={"UPS_RUN_ID": runs["ddp"].name})
+    assert result.returncode != 0
+    refused = read_outcome(runs["ddp"])
+    assert refused is not None and (refused.exit_code, refused.cause) == (EXIT_CONFIG, "config")
+    assert "training.strategy=ddp" in refused.reason and "--fresh" in refused.reason
 
 
 @pytest.mark.slow

@@ -321,7 +321,7 @@ class Trainer:
         latents = None
         if self.latents is not None:
             latents = {t: self.latents[t][idx].to(self.device) for t, (_, _, idx) in batch.items()}
-        # no_sync: gradients stay local until every rank has agreed the step is good.
+        # Gradients stay local (DDP's no_sync, FSDP's sync off) until every rank agreed.
         with self.strategy.local_backward():
             preds = self.model(inputs, latents)
             losses = torch.stack(
