@@ -48,7 +48,9 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
     backward (FSDP's hooks mid-flight) skip exactly those steps on both ranks without a
     hang; the shards end equal across ranks, only keep_last sharded checkpoints remain
     (no temporary directory), and the held-out error is in the band of a DDP run with the
-    same faults. Resuming that DDP run under fsdp is refused (exit 2) naming the strategy."""
+    same faults. Resuming that DDP run under fsdp is refused (exit 2) naming the strategy.
+    An OOM inside rank 1's optimizer step (rank 0 completed its shard's update) stops both
+    ranks at that step with cause oom_in_step and the reason, never a hang."""
     faults = {"UPS_FAULTS": "oom@1:3,oom@0:5:backward"}
     common = {"checkpoint": {"every_steps": 2, "keep_last": 2}}
     runs = {}
@@ -86,6 +88,16 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
     refused = read_outcome(runs["ddp"])
     assert refused is not None and (refused.exit_code, refused.cause) == (EXIT_CONFIG, "config")
     assert "training.strategy=ddp" in refused.reason and "--fresh" in refused.reason
+
+    partial = make_config(
+        training={"max_steps": 8, "strategy": "fsdp"},
+        run={"output_dir": str(tmp_path / "partial")},
+    )
+    result = torchrun(partial, env={"UPS_FAULTS": "oom@1:2:optimizer"})
+    assert result.returncode != 0
+    failed = read_outcome(only_run_dir(tmp_path / "partial"))
+    assert failed is not None and (failed.cause, failed.step) == ("oom_in_step", 2)
+    assert "only copy of its shard" in failed.reason
 
 
 @pytest.mark.slow
