@@ -22,7 +22,9 @@ from ups.runid import new_run_id
 
 LATEST = "latest"
 LAUNCH_PID = "launch.pid"
-_CHECKPOINT_GLOB = "checkpoints/step_*.pt"
+_CHECKPOINT_GLOB = "checkpoints/step_*"
+_CHECKPOINT_SUFFIXES = {".pt", ".dcp"}
+"""A ``.pt`` file (training.strategy ddp) or a sharded ``.dcp`` directory (fsdp)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +48,7 @@ def _newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
     found = sorted(
         (int(p.stem.removeprefix("step_")), p)
         for p in run_dir.glob(_CHECKPOINT_GLOB)
-        if p.stem.removeprefix("step_").isdigit()
+        if p.suffix in _CHECKPOINT_SUFFIXES and p.stem.removeprefix("step_").isdigit()
     )
     return found[-1] if found else None
 

@@ -12,6 +12,7 @@ COMMANDS = {
     "preflight": ("preflight.cli", "check that this host is fit to train (ups-preflight)"),
     "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
     "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
+    "checkpoint": ("ups.cli.checkpoint", "`ups checkpoint export RUN`: one weights file"),
 }
 
 

@@ -13,7 +13,8 @@ from ups.data.pdebench import DataError, inspect_task
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_CONFIG
 from ups.train.cache import build_cache
-from ups.train.checkpoint import CheckpointCorrupt, latest_good_checkpoint, load_checkpoint
+from ups.train.checkpoint import CheckpointCorrupt, load_checkpoint
+from ups.train.export import NothingToExport, newest_weights
 from ups.train.run import make_model
 
 
@@ -45,8 +46,13 @@ def main(argv: list[str]) -> int:
         if args.checkpoint is not None:
             state = load_checkpoint(args.checkpoint)
             source = str(args.checkpoint)
-        elif found := latest_good_checkpoint(cfg.run.output_dir / "latest" / "checkpoints"):
-            source, state = str(found[0]), found[1]
+        elif (latest := cfg.run.output_dir / "latest" / "checkpoints").is_dir():
+            try:  # either strategy's format (a sharded fsdp checkpoint is gathered here)
+                path, _, _, weights = newest_weights(latest)
+                source, state = str(path), {"model": weights}
+            except NothingToExport:
+                state = None
+                log.warning("cache_fresh_encoders", reason="no good checkpoint", source=source)
         else:
             state = None
             log.warning("cache_fresh_encoders", reason="no checkpoint found", source=source)

@@ -123,6 +123,10 @@ class TrainingConfig(_Strict):
     """Per-rank batch size of the held-out evaluation at the end of the run."""
     record_sample_ids: bool = False
     """Log every step's sample indices to the rank's log file (to audit sharding)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: a full replica per rank. ``fsdp``: FSDP2 (``fully_shard``): parameters,
+    gradients and AdamW state sharded between steps, sharded checkpoints (resume needs the
+    same world size; ``ups checkpoint export RUN`` writes one consolidated file)."""
 
 
 class DistributedConfig(_Strict):

@@ -18,6 +18,11 @@ After a partial OOM inside the optimizer step a replica is in an unknown state; 
 repaired by copying a rank whose update completed (in place: no memory needed), since
 undoing the update would need a second copy of the optimizer state.
 
+Under ``training.strategy: fsdp`` (``ups.train.strategy``) the step has the same two
+points; the strategy adds one all-gather of the parameters at the start of every step,
+before any fallible work (``ups.distributed.fsdp``), and the all-reduce feeds each
+rank's shard.
+
 Non-finite averaged gradients need no check of their own: every rank's local gradients
 were checked before the all-reduce, and the average of finite values is finite (an
 overflowing norm makes ``clip_grad_norm_`` scale by zero, never by NaN).
@@ -35,7 +40,7 @@ from typing import Any, Literal
 import structlog
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from ups.config import Config
 from ups.distributed.agreement import (
@@ -43,18 +48,17 @@ from ups.distributed.agreement import (
     Update,
     agree_local,
     agree_update,
-    broadcast_replica,
     heartbeat,
 )
 from ups.distributed.env import DistEnv
-from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.lifecycle import set_collective_timeout
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
-from ups.train.checkpoint import CheckpointSaveFailed, save_checkpoint
+from ups.train.checkpoint import CheckpointSaveFailed
 from ups.train.failures import RunFailed, TooManySkips, nonfinite_failure
 from ups.train.faults import FaultInjector
 from ups.train.metrics import rel_l2
 from ups.train.signals import StopFlag
+from ups.train.strategy import Strategy
 from ups.train.tracking import Tracker
 
 log = structlog.get_logger()
@@ -133,7 +137,7 @@ class Trainer:
         cfg: Config,
         env: DistEnv,
         device: torch.device,
-        model: nn.parallel.DistributedDataParallel,
+        strategy: Strategy,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         loader: Any,
@@ -145,20 +149,21 @@ class Trainer:
         latents: dict[str, Tensor] | None = None,
     ) -> None:
         self.cfg, self.env, self.device = cfg, env, device
-        self.model, self.optimizer, self.loader = model, optimizer, loader
+        self.strategy, self.model = strategy, strategy.model
+        self.optimizer, self.loader = optimizer, loader
         self.scheduler = scheduler
         self.injector, self.tracker, self.stop = injector, tracker, stop
         self.checkpoint_dir = checkpoint_dir
         self.state = state
         self.latents = latents
         """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.tasks = [t.name for t in cfg.tasks]
         self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
         self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
         """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
-        self.grads = GradBuffer(self.params, n_extras=len(self.tasks))
+        self.grads = strategy.grad_buffer(self.params, n_extras=len(self.tasks))
         materialize_optimizer_state(optimizer)
         self.save_error: CheckpointSaveFailed | None = None
         """Rank 0's last failed save, reported at the next agreement."""
@@ -168,8 +173,7 @@ class Trainer:
     def checkpoint_state(self) -> dict[str, Any]:
         """Everything a resumed run needs: model, optimizer, schedule, counters, CPU RNG."""
         return {
-            "model": self.model.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self.strategy.model_state(self.optimizer),  # "model", "optimizer"
             "scheduler": self.scheduler.state_dict(),
             "train_state": self.state.as_dict(),
             "rng_cpu": torch.get_rng_state(),
@@ -177,16 +181,17 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
-        """Rank 0 writes a checkpoint of the current state; other ranks return None.
+        """Rank 0 writes a checkpoint of the current state (every rank under FSDP: each
+        writes its shard); other ranks return None.
 
         A failed write is kept in ``save_error`` (not raised): the other ranks learn of it
         at the next agreement, and every rank stops there together.
         """
-        if not self.env.is_rank0:
+        if not self.strategy.saves_on(self.env.rank):
             return None
         self.injector.before_save(self.state.step)
         try:
-            path = save_checkpoint(
+            path = self.strategy.save(
                 self.checkpoint_dir,
                 self.state.step,
                 self.checkpoint_state(),
@@ -260,6 +265,7 @@ class Trainer:
         nonfinite: Tensor | bool = False
         if self.cfg.training.record_sample_ids:
             log.debug("batch_ids", ids={t: idx.tolist() for t, (_, _, idx) in batch.items()})
+        self.strategy.begin_step()  # FSDP's all-gather: a collective, so before any fault point
         try:
             self.injector.fire(step)
             losses = self._forward_backward(batch, step)
@@ -315,8 +321,8 @@ class Trainer:
         latents = None
         if self.latents is not None:
             latents = {t: self.latents[t][idx].to(self.device) for t, (_, _, idx) in batch.items()}
-        # no_sync: gradients stay local until every rank has agreed the step is good.
-        with self.model.no_sync():
+        # Gradients stay local (DDP's no_sync, FSDP's sync off) until every rank agreed.
+        with self.strategy.local_backward():
             preds = self.model(inputs, latents)
             losses = torch.stack(
                 [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
@@ -334,7 +340,7 @@ class Trainer:
             self.injector.fire(step, "clip")
             mean_losses = self.grads.unpack()
             if self.cfg.training.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.params, self.cfg.training.grad_clip)
+                self.strategy.clip(self.params, self.cfg.training.grad_clip)
             in_step = True
             self.injector.fire(step, "optimizer")
             self.optimizer.step()
@@ -360,7 +366,7 @@ class Trainer:
         oom_ranks = verdict.ranks(Update.OOM_BEFORE_STEP, Update.OOM_IN_STEP)
         source = verdict.source
         if source is not None:
-            broadcast_replica(self.params, self.optimizer, source)
+            self.strategy.repair(self.params, self.optimizer, source, self.state.step)
             self._sync_scheduler(source)
             self.state.updates += 1
             self.state.consecutive_skips = 0

@@ -25,10 +25,11 @@ HEAD_BYTES = 1 << 20
 
 _NOT_MATH = {
     "training": {"epochs", "max_steps", "num_workers", "log_every", "eval_batch_size",
-                 "record_sample_ids", "batch_size", "max_consecutive_skips"},
+                 "record_sample_ids", "batch_size", "max_consecutive_skips", "strategy"},
 }  # fmt: skip
 """Fields that do not change an update: run length (extending a run is the usual reason to
-resume), logging, loader processes. ``batch_size`` is its own group."""
+resume), logging, loader processes. ``batch_size`` is its own group; ``strategy`` is a fact
+of its own that no resume may change (the checkpoint formats differ)."""
 
 
 class ResumeRefused(ValueError):
@@ -59,6 +60,7 @@ def run_facts(cfg: Config, world_size: int) -> dict[str, Any]:
     """What this run's checkpoints record about it."""
     math = math_config(cfg)
     return {
+        "strategy": cfg.training.strategy,
         "world_size": world_size,
         "batch_size": cfg.training.batch_size,
         "global_batch": cfg.training.batch_size * world_size,
@@ -88,6 +90,8 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[st
         if old != new:
             found.setdefault(group, []).append(f"{what} {old} -> {new}")
 
+    # Checkpoints from before training.strategy existed are DDP's.
+    note("strategy", "training.strategy", saved.get("strategy", "ddp"), now.get("strategy", "ddp"))
     note("world_size", "world size", saved["world_size"], now["world_size"])
     note("batch", "per-rank batch", saved["batch_size"], now["batch_size"])
     old_cfg, new_cfg = _flat("", saved["config"]), _flat("", now["config"])
@@ -111,17 +115,42 @@ def check_resume(
     if saved is None:
         return ["checkpoint predates resume checks: world size, config and data not verified"]
     diffs = differences(saved, now)
-    refused = {g: d for g, d in diffs.items() if g not in allowed}
+    # A sharded checkpoint is read back shard by shard: the world size must match.
+    fixed = {"strategy", "world_size"} if now.get("strategy") == "fsdp" else {"strategy"}
+    refused = {g: d for g, d in diffs.items() if g not in allowed or g in fixed}
     if refused:
         listing = "; ".join(d for group in refused.values() for d in group)
+        allowable = sorted(set(refused) - fixed)
+        accept = (
+            f", or accept the change with --allow-resume-change {','.join(allowable)} "
+            f"(world_size/batch remap the data position to the same number of samples seen)"
+            if allowable
+            else ""
+        )
+        never = (
+            " Under training.strategy=fsdp the world size cannot change: the checkpoint "
+            "is sharded for the world size that wrote it."
+            if "world_size" in refused and "world_size" in fixed
+            else ""
+        )
         raise ResumeRefused(
             f"cannot resume from {checkpoint}: this run differs from the one that wrote it: "
-            f"{listing}. Resuming would silently change the run's math. Start a new run with "
-            f"`ups launch CONFIG --fresh`, restore the old setup, or accept the change with "
-            f"--allow-resume-change {','.join(sorted(refused))} (world_size/batch remap the "
-            f"data position to the same number of samples seen)"
+            f"{listing}. Resuming would silently change the run's math.{never} Start a new run "
+            f"with `ups launch CONFIG --fresh` or restore the old setup{accept}"
         )
     return [d for group in diffs.values() for d in group]
+
+
+def strategy_refusal(found: Path, strategy: str) -> str:
+    """Why a run cannot resume from a checkpoint written under the other strategy."""
+    other = "ddp" if strategy == "fsdp" else "fsdp"
+    return (
+        f"cannot resume from {found}: it was written with training.strategy={other} and this "
+        f"run uses training.strategy={strategy}; the checkpoint formats differ (one file vs "
+        f"a sharded directory). Set training.strategy={other} to resume it, or start a new "
+        f"run with `ups launch CONFIG --fresh` (export its weights with `ups checkpoint "
+        f"export RUN`)"
+    )
 
 
 def remapped_step(step: int, saved: dict[str, Any] | None, now: dict[str, Any]) -> int:

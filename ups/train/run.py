@@ -12,7 +12,6 @@ import structlog
 import torch
 import torch.distributed as dist
 import yaml
-from torch.nn.parallel import DistributedDataParallel
 
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
@@ -37,7 +36,6 @@ from ups.outcome import (
 )
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.cache import load_cache
-from ups.train.checkpoint import latest_good_checkpoint
 from ups.train.evaluate import evaluate
 from ups.train.failures import RunFailed, nonfinite_metrics
 from ups.train.faults import FaultInjector
@@ -51,8 +49,11 @@ from ups.train.resume import (
     restore_rng,
     rng_state,
     run_facts,
+    strategy_refusal,
 )
+from ups.train.sharded import other_format_checkpoint
 from ups.train.signals import StopFlag
+from ups.train.strategy import make_strategy
 from ups.train.tracking import Tracker
 
 log = structlog.get_logger()
@@ -102,17 +103,13 @@ def build_trainer(
     stop: StopFlag,
     checkpoint_dir: Path,
 ) -> Trainer:
-    """Model (with the latent cache when enabled), its DDP wrapper, optimizer and schedule."""
+    """Model (with the latent cache when enabled), its DDP or FSDP wrapper
+    (``training.strategy``), optimizer and schedule."""
     model = make_model(cfg, infos)
     latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
-    model = model.to(device)
-    ddp = DistributedDataParallel(
-        model,
-        device_ids=[device.index] if device.type == "cuda" else None,
-        forward_sync_buffers=False,  # no collective inside forward: see ups.distributed.agreement
-    )
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+    strategy = make_strategy(cfg.training.strategy, model.to(device), device, env)
+    optimizer = torch.optim.AdamW(  # after wrapping: FSDP replaces the parameters by shards
+        [p for p in strategy.model.parameters() if p.requires_grad],
         lr=cfg.training.lr,
         weight_decay=cfg.training.weight_decay,
     )
@@ -120,7 +117,7 @@ def build_trainer(
         cfg=cfg,
         env=env,
         device=device,
-        model=ddp,
+        strategy=strategy,
         optimizer=optimizer,
         scheduler=lr_schedule(optimizer, cfg, total_steps(cfg, loader.steps_per_epoch)),
         loader=loader,
@@ -133,10 +130,10 @@ def build_trainer(
     )
 
 
-def params_digest(model: torch.nn.Module) -> str:
+def params_digest(weights: dict[str, torch.Tensor]) -> str:
     """SHA-256 of every parameter's bytes: equal on every rank when the replicas agree."""
     digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
+    for tensor in weights.values():
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
@@ -185,8 +182,11 @@ def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> dict
     trainer.checkpoint_extra = lambda: {FACTS_KEY: facts, **rng_state()}
     found: list[Any] = [None]
     if env.is_rank0 and cfg.checkpoint.resume:
-        hit = latest_good_checkpoint(ckpt_dir)
-        if hit is not None:
+        hit = trainer.strategy.latest_good(ckpt_dir)
+        other = other_format_checkpoint(ckpt_dir, trainer.strategy.name)
+        if hit is None and other is not None:
+            found = [strategy_refusal(other, trainer.strategy.name)]
+        elif hit is not None:
             try:
                 notes = check_resume(
                     hit[1].get(FACTS_KEY),
@@ -203,8 +203,7 @@ def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> dict
     if isinstance(found[0], str):
         raise ResumeRefused(found[0])
     path, state, notes = found[0]
-    trainer.model.module.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.strategy.load(Path(path), state, trainer.optimizer)
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.state = TrainState(**state["train_state"])
     torch.set_rng_state(state["rng_cpu"])
@@ -387,8 +386,8 @@ def _train_and_evaluate(
     """Train to the end or the agreed stop, save, and (when finished) evaluate."""
     run.enter("training")
     result = trainer.run()
-    model = trainer.model.module
-    log.info("replica_digest", sha256=params_digest(model), step=trainer.state.step)
+    weights = trainer.strategy.weights()  # every rank (FSDP: gathers the full weights)
+    log.info("replica_digest", sha256=params_digest(weights), step=trainer.state.step)
     run.enter("final_save")
     # Every rank reached the end (or the stop) and agrees the checkpoint is on disk.
     checkpoint = trainer.checkpoint()
@@ -407,7 +406,7 @@ def _train_and_evaluate(
             cause="preempted",
         )
     run.enter("evaluation")
-    metrics = evaluate(model, cfg, infos, env, device)
+    metrics = evaluate(trainer.strategy.for_eval(), cfg, infos, env, device)
     tracker.summary(metrics)
     log.info("eval", **metrics)
     if (bad := nonfinite_metrics(metrics)) is not None:

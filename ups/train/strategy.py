@@ -1,0 +1,222 @@
+"""How the model is spread over the ranks (``training.strategy``): DDP replicas or FSDP2 shards.
+
+The training loop (``ups.train.loop``) is one loop for both, with its two agreements at
+the same points; a strategy supplies only what differs: the wrapper, what happens at the
+start of a step, where local gradients go and how they are reduced, clipping, what an
+out-of-memory error inside the update leaves behind, and the checkpoint format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Literal, Protocol, cast
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from ups.distributed.agreement import broadcast_replica
+from ups.distributed.env import DistEnv
+from ups.distributed.fsdp import ShardedGrads, StepGather, shard_model
+from ups.distributed.gradbuf import GradBuffer
+from ups.model import LatentOperator
+from ups.outcome import EXIT_FAILED
+from ups.train.checkpoint import latest_good_checkpoint, save_checkpoint
+from ups.train.failures import RunFailed
+from ups.train.sharded import latest_good_sharded, load_shards, save_sharded
+
+
+class Grads(Protocol):
+    """The flat gradient buffer of a step (``GradBuffer`` or ``ShardedGrads``)."""
+
+    def pack(self, extras: Tensor) -> Tensor: ...
+    def all_reduce_mean(self, world_size: int) -> None: ...
+    def unpack(self) -> Tensor: ...
+
+
+class Strategy(Protocol):
+    name: Literal["ddp", "fsdp"]
+    model: nn.Module
+    """What the loop calls forward on."""
+
+    def begin_step(self) -> None:
+        """Every rank, every step, before any work that may fail."""
+
+    def local_backward(self) -> AbstractContextManager[None]:
+        """Forward and backward inside this run no collective."""
+
+    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads: ...
+    def clip(self, params: Sequence[Tensor], max_norm: float) -> None: ...
+    def repair(
+        self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer, source: int, step: int
+    ) -> None:
+        """Make every rank's state equal ``source``'s after an update failed on others."""
+
+    def model_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The ``model`` and ``optimizer`` entries of a checkpoint."""
+
+    def save(self, directory: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
+        """Write a checkpoint (called on the ranks in ``saves_on``)."""
+
+    def saves_on(self, rank: int) -> bool: ...
+    def latest_good(self, directory: Path) -> tuple[Path, dict[str, Any]] | None:
+        """Rank 0: the newest checkpoint of this strategy's format that verifies."""
+
+    def load(self, path: Path, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        """Every rank: restore model and optimizer from ``path`` (``state``: what rank 0 read)."""
+
+    def for_eval(self) -> LatentOperator:
+        """Every rank: the model to evaluate, with no collective left in its forward."""
+
+    def weights(self) -> dict[str, Tensor]:
+        """Every rank: the full model weights (a collective under FSDP)."""
+
+
+class DDPStrategy:
+    """Replicas: gradients stay local under ``no_sync`` until the agreement."""
+
+    name: Literal["ddp", "fsdp"] = "ddp"
+
+    def __init__(self, model: LatentOperator, device: torch.device, env: DistEnv) -> None:
+        self.module, self.env = model, env
+        self.ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            forward_sync_buffers=False,  # no collective in forward: ups.distributed.agreement
+        )
+        self.model: nn.Module = self.ddp
+
+    def begin_step(self) -> None:
+        pass
+
+    def local_backward(self) -> AbstractContextManager[None]:
+        return self.ddp.no_sync()
+
+    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads:
+        return GradBuffer(params, n_extras)
+
+    def clip(self, params: Sequence[Tensor], max_norm: float) -> None:
+        nn.utils.clip_grad_norm_(params, max_norm)
+
+    def repair(
+        self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer, source: int, step: int
+    ) -> None:
+        broadcast_replica(params, optimizer, source)
+
+    def model_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "optimizer": optimizer.state_dict()}
+
+    def saves_on(self, rank: int) -> bool:
+        return rank == 0
+
+    def save(self, directory: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
+        return save_checkpoint(directory, step, state, keep_last)
+
+    def latest_good(self, directory: Path) -> tuple[Path, dict[str, Any]] | None:
+        return latest_good_checkpoint(directory)
+
+    def load(self, path: Path, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        self.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    def for_eval(self) -> LatentOperator:
+        return self.module
+
+    def weights(self) -> dict[str, Tensor]:
+        return self.module.state_dict()
+
+
+class FSDPStrategy:
+    """Shards (``ups.distributed.fsdp``): one all-gather at the start of every step, the
+    gradient all-reduce after the agreement, sharded checkpoints (``ups.train.sharded``)."""
+
+    name: Literal["ddp", "fsdp"] = "fsdp"
+
+    def __init__(self, model: LatentOperator, device: torch.device, env: DistEnv) -> None:
+        self.env = env
+        self.sharded = shard_model(model, device, env.world_size)
+        self.model: nn.Module = cast(nn.Module, self.sharded)
+        self.gather = StepGather(self.sharded)
+        self.grads: ShardedGrads | None = None
+
+    def begin_step(self) -> None:
+        self.gather.begin_step()
+
+    def local_backward(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()  # gradient sync is off for good (shard_model)
+
+    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads:
+        self.grads = ShardedGrads(self.sharded, n_extras, self.env.rank, self.env.world_size)
+        return self.grads
+
+    def clip(self, params: Sequence[Tensor], max_norm: float) -> None:
+        assert self.grads is not None
+        self.grads.clip_(max_norm)
+
+    def repair(
+        self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer, source: int, step: int
+    ) -> None:
+        # Each rank updates only its own shard: no peer holds a copy to repair it from.
+        raise RunFailed(
+            f"out of memory in the update at step {step} on some ranks while the others "
+            "completed it: under training.strategy=fsdp each rank holds the only copy of its "
+            "shard of the parameters and optimizer state, so the model is now partly updated. "
+            "Lower training.batch_size or the model size, then run the same command again "
+            "to resume from the last checkpoint",
+            exit_code=EXIT_FAILED,
+            cause="oom_in_step",
+            failed_rank=None,
+        )
+
+    def model_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        self.sharded.reshard()  # local; after a skipped step the gathered copy is in place
+        model_sd, optim_sd = get_state_dict(self.model, optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
+
+    def saves_on(self, rank: int) -> bool:
+        return True
+
+    def save(self, directory: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
+        shards = {key: state[key] for key in ("model", "optimizer")}
+        meta = {key: value for key, value in state.items() if key not in shards}
+        return save_sharded(directory, step, shards, meta, keep_last, is_rank0=self.env.is_rank0)
+
+    def latest_good(self, directory: Path) -> tuple[Path, dict[str, Any]] | None:
+        return latest_good_sharded(directory)
+
+    def load(self, path: Path, state: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+        shards = self.model_state(optimizer)
+        load_shards(path, shards)
+        set_state_dict(
+            self.model,
+            optimizer,
+            model_state_dict=shards["model"],
+            optim_state_dict=shards["optimizer"],
+        )
+
+    def for_eval(self) -> LatentOperator:
+        self.gather.begin_step()
+        return cast(LatentOperator, self.sharded)
+
+    def weights(self) -> dict[str, Tensor]:
+        self.sharded.reshard()
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return cast(dict[str, Tensor], full)
+
+
+def make_strategy(
+    name: Literal["ddp", "fsdp"], model: LatentOperator, device: torch.device, env: DistEnv
+) -> Strategy:
+    """The strategy ``training.strategy`` names, wrapping ``model`` (already on ``device``)."""
+    if name == "fsdp":
+        return FSDPStrategy(model, device, env)
+    return DDPStrategy(model, device, env)
