@@ -147,7 +147,7 @@ def _start_worker(worker_id: int) -> None:
     by its rank (at shutdown) or ends itself when the rank is gone (torch's watchdog).
     """
     os.setpgid(0, 0)
-    log.info("loader_worker_started", worker=worker_id, pid=os.getpid())
+    log.debug("loader_worker_started", worker=worker_id, pid=os.getpid())  # file only
 
 
 class MultiTaskLoader:
