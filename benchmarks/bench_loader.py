@@ -44,9 +44,14 @@ MIB = 2**20
 class Sampler(threading.Thread):
     """Peak memory per rank (``RANK`` in the environment), rank alone and with workers."""
 
-    def __init__(self, root: int) -> None:
+    def __init__(self, root: int, cache_dir: str | None) -> None:
         super().__init__(daemon=True)
         self.root = root
+        self.cache_dir = cache_dir
+        self.cache_rank: dict[int, int] = {}
+        """Peak RSS of the latent cache's mapped files in the rank itself."""
+        self.cache_workers: dict[int, int] = {}
+        """Peak RSS of those files in any one of the rank's workers."""
         self.stop = threading.Event()
         self.rank_rss: dict[int, int] = {}
         self.total_pss: dict[int, int] = {}
@@ -75,6 +80,18 @@ class Sampler(threading.Thread):
             self.total_pss[rank] = max(self.total_pss.get(rank, 0), sum(m.pss for m in mems))
             self.total_rss[rank] = max(self.total_rss.get(rank, 0), sum(m.rss for m in mems))
             self.workers[rank] = max(self.workers.get(rank, 0), len(procs) - 1)
+            if self.cache_dir is not None:
+                cached = [self._cache_rss(p) for p in procs]
+                self.cache_rank[rank] = max(self.cache_rank.get(rank, 0), cached[0])
+                self.cache_workers[rank] = max(self.cache_workers.get(rank, 0), *cached[1:], 0)
+
+    def _cache_rss(self, proc: psutil.Process) -> int:
+        assert self.cache_dir is not None
+        try:
+            maps = proc.memory_maps(grouped=True)
+        except psutil.Error:
+            return 0
+        return sum(m.rss for m in maps if m.path.startswith(self.cache_dir))
 
     def run(self) -> None:
         while not self.stop.wait(0.25):
@@ -82,7 +99,13 @@ class Sampler(threading.Thread):
 
 
 def run_once(
-    config: Path, overrides: list[str], workers: int, steps: int, warmup: int, out: Path
+    config: Path,
+    overrides: list[str],
+    workers: int,
+    steps: int,
+    warmup: int,
+    out: Path,
+    cache_dir: Path | None = None,
 ) -> dict[str, Any]:
     out.mkdir(parents=True)
     sets = [
@@ -104,7 +127,7 @@ def run_once(
         proc = subprocess.Popen(
             cmd, stdout=sink, stderr=subprocess.STDOUT, env=_child_env(1), cwd=REPO
         )
-        sampler = Sampler(proc.pid)
+        sampler = Sampler(proc.pid, str(cache_dir) if cache_dir else None)
         sampler.start()
         rc = proc.wait(timeout=900)
         sampler.stop.set()
@@ -132,7 +155,25 @@ def run_once(
             sampler.total_rss[r] / MIB for r in sorted(sampler.total_rss)
         ],
         "workers_seen": [sampler.workers[r] for r in sorted(sampler.workers)],
+        **(
+            {
+                "cache_rss_in_rank_mib": [sampler.cache_rank[r] / MIB for r in (0, 1)],
+                "cache_rss_in_a_worker_mib": [sampler.cache_workers[r] / MIB for r in (0, 1)],
+            }
+            if cache_dir
+            else {}
+        ),
     }
+
+
+def build_cache(config: Path, overrides: list[str], into: Path) -> list[str]:
+    """``ups cache build`` (fresh encoders: what is measured is memory, not accuracy)."""
+    sets = [*overrides, f"cache.dir={into}", f"run.output_dir={into.parent / 'no-runs'}"]
+    cmd = [sys.executable, "-m", "ups", "cache", "build", str(config)]
+    subprocess.run(
+        [*cmd, *(a for s in sets for a in ("--set", s))], check=True, cwd=REPO, env=_child_env(1)
+    )
+    return [f"cache.dir={into}", "cache.enabled=true"]
 
 
 def _summary(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
@@ -147,16 +188,26 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/loader-cpu.json")
+    parser.add_argument(
+        "--cache",
+        action="store_true",
+        help="train on a latent cache (built first) and record its mapped pages per process",
+    )
     args = parser.parse_args()
     runs: dict[int, list[dict[str, Any]]] = {0: [], 2: []}
     load = []
     with tempfile.TemporaryDirectory() as tmp:
         overrides = snapshot_data(args.config, Path(tmp) / "data")
+        cache_dir = Path(tmp) / "cache" if args.cache else None
+        if cache_dir is not None:
+            overrides += build_cache(args.config, overrides, cache_dir)
         for i in range(args.repeats):
             for workers in (0, 2):  # ABAB
                 load.append(os.getloadavg()[0])
                 out = Path(tmp) / f"r{i}-w{workers}"
-                result = run_once(args.config, overrides, workers, args.steps, args.warmup, out)
+                result = run_once(
+                    args.config, overrides, workers, args.steps, args.warmup, out, cache_dir
+                )
                 runs[workers].append(result)
                 print(jsonio.dumps(result), flush=True)
     summary = {
@@ -176,6 +227,7 @@ def main() -> int:
             args.config.relative_to(REPO) if args.config.is_relative_to(REPO) else args.config
         ),
         "steps": args.steps,
+        "latent_cache": args.cache,
         "warmup": args.warmup,
         "load_avg_1m": load,
         "summary": summary,
