@@ -7,9 +7,7 @@ on every rank within seconds and is named, and no worker outlives its run.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -22,11 +20,13 @@ import torch
 from tests.conftest import torchrun
 from tests.fault_helpers import events, survivors
 from tests.launch_helpers import events_named, outcome_of, run_launch
+from ups.config import FaultConfig, TaskConfig
 from ups.data.loader import build_loader, loader_shm_bytes
 from ups.data.pdebench import inspect_task
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.retry import retry_verdict
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
+from ups.train.faults import FaultInjector
 from ups.worker_death import WorkerDeath, worker_death
 
 pytestmark = pytest.mark.slow
@@ -125,8 +125,6 @@ def test_a_killed_worker_fails_every_rank_soon_naming_its_pid_and_signal(
 def test_shm_estimate_counts_workers_prefetch_and_batch(tmp_path: Path, tiny_data) -> None:
     """Workers hand batches over through /dev/shm: none without workers, and per rank
     (workers x prefetch + 2) whole steps of every task's batch with them."""
-    from ups.config import TaskConfig
-
     tasks = [
         TaskConfig(name="advection", layout="single_1d", path=tiny_data["advection"]),
         TaskConfig(name="darcy", layout="darcy_2d", path=tiny_data["darcy"]),
@@ -141,22 +139,21 @@ def test_shm_estimate_counts_workers_prefetch_and_batch(tmp_path: Path, tiny_dat
     assert sum(t.numel() * t.element_size() for b in batch.values() for t in b) == 16 * item
 
 
-class _KillsItself(torch.utils.data.Dataset[int]):
-    def __getitem__(self, i: int) -> int:
-        if i == 3:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return i
-
-    def __len__(self) -> int:
-        return 8
-
-
-def test_torch_worker_death_message_is_understood() -> None:
-    """The error torch raises in a rank when its worker is SIGKILLed is read back as that
-    worker's pid and SIGKILL (the outcome's reason and cause come from it)."""
-    loader = torch.utils.data.DataLoader(_KillsItself(), num_workers=1)
+def test_a_dead_worker_is_reported_with_its_pid_and_signal(tiny_data) -> None:
+    """A worker SIGKILLed while it reads step 1 makes the loader raise an error that
+    names that worker's pid and SIGKILL (the outcome's reason and cause are read from it),
+    however torch noticed the death first."""
+    tasks = [TaskConfig(name="darcy", layout="darcy_2d", path=tiny_data["darcy"])]
+    infos = {t.name: inspect_task(t) for t in tasks}
+    fault = FaultConfig(kind="sigkill", rank=0, step=1, point="loader")
+    injector = FaultInjector([fault], 0, under_torchrun=False)
+    loader = build_loader(
+        tasks, infos, batch_size=4, num_workers=1, rank=0, world_size=1, seed=0, injector=injector
+    )
+    loader.set_epoch(0)
     with pytest.raises(RuntimeError) as raised:
         list(loader)
+    loader.close()
     death = worker_death(str(raised.value))
     assert death is not None and death.signal == "SIGKILL", str(raised.value)
     assert "was killed by SIGKILL" in death.describe()

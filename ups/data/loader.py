@@ -16,6 +16,7 @@ without, and a resumed run starts at its step without reading the steps before i
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator, Sized
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -27,6 +28,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, default_
 
 from ups.config import TaskConfig
 from ups.data.pdebench import PDEBenchDataset, Split, TaskInfo
+from ups.worker_death import worker_death
 
 if TYPE_CHECKING:
     from ups.train.faults import FaultInjector
@@ -179,7 +181,7 @@ class MultiTaskLoader:
 
     def __iter__(self) -> Iterator[dict[str, Batch]]:
         self._active = iter(self.loader)
-        return self._active
+        return _with_exit_status(self._active)
 
     def close(self) -> None:
         """End the worker processes now rather than when the loader is garbage-collected
@@ -190,6 +192,34 @@ class MultiTaskLoader:
                 it._shutdown_workers()
         self._active = None
         self.loader._iterator = None
+
+
+def _with_exit_status(it: Iterator[dict[str, Batch]]) -> Iterator[dict[str, Batch]]:
+    """``it``, where a worker death that torch reports without its signal or exit code
+    ("DataLoader worker (pid(s) N) exited unexpectedly": it found the worker dead while
+    waiting for a batch) is raised again with them, in the words torch uses when its
+    SIGCHLD handler sees the death first, so ``ups.worker_death`` reads both alike."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as exc:
+            death = worker_death(str(exc))
+            if death is None or death.signal or death.exit_code is not None:
+                raise
+            workers = getattr(it, "_workers", [])  # torch's worker Process objects
+            codes = {w.pid: w.exitcode for w in workers if w.pid in death.pids}
+            pid, code = next(((p, c) for p, c in codes.items() if c), (None, None))
+            if pid is None or code is None:
+                raise
+            how = (
+                f"is killed by signal: {signal.strsignal(-code)}."
+                if code < 0
+                else f"exited unexpectedly with exit code {code}."
+            )
+            raise RuntimeError(f"DataLoader worker (pid {pid}) {how}") from exc
+        yield batch
 
 
 def build_loader(
