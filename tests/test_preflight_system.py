@@ -38,10 +38,14 @@ def test_large_shm_passes(tmp_path: Path) -> None:
 
 
 def test_shm_need_grows_with_workers(make_config: Callable[..., Path]) -> None:
-    """The requirement counts DataLoader workers from the config: 2 ranks x 4 workers."""
-    assert required_bytes(2, 4) == 2 * (256 + 4 * 512) * 1024**2
-    result = run_check("shm", config=make_config(training={"num_workers": 4}), nproc_per_node=2)
-    assert result.details["required_bytes"] == required_bytes(2, 4)
+    """The requirement counts the config's DataLoader workers and their batches: 2 ranks x
+    (8 workers x prefetch 4 + 2) steps of 4096 items of both tiny tasks, over the 1 GiB floor."""
+    item = (2 * 4 * 64 + 8) + (2 * 4 * 16 * 16 + 8)  # advection (1, 64), darcy (1, 16, 16)
+    config = make_config(training={"num_workers": 8, "prefetch_factor": 4, "batch_size": 4096})
+    result = run_check("shm", config=config, nproc_per_node=2)
+    assert result.details["loader_bytes_per_rank"] == (8 * 4 + 2) * 4096 * item
+    assert result.details["required_bytes"] == required_bytes(2, (8 * 4 + 2) * 4096 * item)
+    assert result.details["required_bytes"] > 1 * GiB
 
 
 def test_full_disk_fails(tmp_path: Path, make_config: Callable[..., Path]) -> None:

@@ -37,6 +37,12 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
     RetryRule("stopped", True, (129, 130, 143), "ups launch itself got SIGHUP/SIGINT/SIGTERM"),
     RetryRule("killed", True, (), "no outcome.json: ups launch was killed or the host died"),
     RetryRule("rank_signal", True, (), "a rank died by a signal (SIGKILL, SIGSEGV, SIGBUS...)"),
+    RetryRule(
+        "loader_died",
+        True,
+        (),
+        "a rank's DataLoader worker died (SIGKILL: often the OOM killer; SIGBUS: /dev/shm full)",
+    ),
     RetryRule("hang", True, (), "a collective timed out: a rank hung"),
     RetryRule("peer_died", True, (), "a collective failed: a peer's connection dropped"),
     RetryRule("exception", False, (), "a Python exception in a rank: it would raise again"),

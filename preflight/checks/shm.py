@@ -7,22 +7,45 @@ import os
 from preflight.options import Context
 from preflight.result import CheckResult, Status
 from preflight.units import GiB, MiB, human_bytes
+from ups.config import Config
+from ups.data.loader import loader_shm_bytes, step_batch_bytes
+from ups.data.pdebench import DataError, inspect_task
 
 PER_RANK = 256 * MiB
 """NCCL's shared-memory transport buffers and torch's IPC per training process."""
 PER_WORKER = 512 * MiB
-"""Batches that DataLoader workers hand to their rank through shared memory."""
+"""Assumed per DataLoader worker when the data files cannot be read to size the batches."""
 FLOOR = 1 * GiB
 
 HINT = (
     "give the container more shared memory: compose `ipc: host` (or `shm_size: 16gb`), "
-    "`docker run --ipc=host`; on Vast.ai /dev/shm grows with the GPU share rented"
+    "`docker run --ipc=host`; on Vast.ai /dev/shm grows with the GPU share rented; or "
+    "lower training.num_workers or training.prefetch_factor"
 )
 
 
-def required_bytes(nproc: int, num_workers: int) -> int:
-    """Shared memory a node needs: per rank for NCCL plus per DataLoader worker, at least 1 GiB."""
-    return max(FLOOR, nproc * (PER_RANK + num_workers * PER_WORKER))
+def required_bytes(nproc: int, loader_bytes: int) -> int:
+    """Shared memory a node needs: per rank NCCL's share plus what its DataLoader workers
+    hand over (``ups.data.loader.loader_shm_bytes``), at least 1 GiB."""
+    return max(FLOOR, nproc * (PER_RANK + loader_bytes))
+
+
+def _loader_bytes(cfg: Config | None) -> tuple[int, str]:
+    """Per rank: the batches in flight from this config's workers, and how that was sized."""
+    if cfg is None or cfg.training.num_workers == 0:
+        return 0, "no DataLoader workers"
+    t = cfg.training
+    try:
+        infos = {task.name: inspect_task(task) for task in cfg.tasks}
+    except DataError:
+        # The data check names the problem; size the workers by a generous constant.
+        return t.num_workers * PER_WORKER, f"{t.num_workers} DataLoader workers (data unread)"
+    per_rank = loader_shm_bytes(infos, t.batch_size, t.num_workers, t.prefetch_factor)
+    batch = step_batch_bytes(infos, t.batch_size)
+    return per_rank, (
+        f"{t.num_workers} DataLoader workers x prefetch_factor {t.prefetch_factor} "
+        f"(+2) steps of {human_bytes(batch)}"
+    )
 
 
 def run(ctx: Context) -> CheckResult:
@@ -39,17 +62,18 @@ def run(ctx: Context) -> CheckResult:
     total = st.f_blocks * st.f_frsize
     free = st.f_bavail * st.f_frsize
     nproc = ctx.nproc_per_node or 2
-    workers = ctx.cfg.training.num_workers if ctx.cfg else 0
-    need = required_bytes(nproc, workers)
+    loader, sized = _loader_bytes(ctx.cfg)
+    need = required_bytes(nproc, loader)
     details = {
         "path": str(path),
         "total_bytes": total,
         "free_bytes": free,
         "required_bytes": need,
         "nproc": nproc,
-        "num_workers": workers,
+        "num_workers": ctx.cfg.training.num_workers if ctx.cfg else 0,
+        "loader_bytes_per_rank": loader,
     }
-    basis = f"{nproc} ranks x {workers} DataLoader workers"
+    basis = f"{nproc} ranks, each 256 MiB + {sized}"
     if total < need:
         status, msg = (
             Status.FAIL,

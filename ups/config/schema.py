@@ -109,7 +109,18 @@ class TrainingConfig(_Strict):
     grad_clip: float = Field(1.0, ge=0.0)
     """Global grad-norm clip; 0 disables."""
     num_workers: int = Field(0, ge=0)
-    """DataLoader worker processes per rank."""
+    """DataLoader worker processes per rank; 0 reads in the training process. Each worker
+    reads whole steps (one batch of every task) and opens the HDF5 files itself; the batch
+    order is the same with any number of workers, so a resumed run may change it."""
+    prefetch_factor: int = Field(2, ge=1)
+    """Steps each worker reads ahead (with ``num_workers > 0``). Every step in flight sits
+    in /dev/shm: ``num_workers * prefetch_factor`` of them per rank (``ups preflight``'s
+    ``shm`` check counts them)."""
+    pin_memory: bool | Literal["auto"] = "auto"
+    """Page-locked batches, copied to the GPU faster; ``auto``: on when training on CUDA."""
+    persistent_workers: bool = True
+    """Keep the workers between epochs instead of starting (forking, opening files,
+    preloading) them again each epoch; they end with the training loop either way."""
     log_every: int = Field(10, ge=1)
     """Log progress every N optimizer steps."""
     max_steps: int | None = Field(None, ge=1)
@@ -194,12 +205,17 @@ class PreflightConfig(_Strict):
 FaultKind = Literal[
     "oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save", "nan"
 ]
-"""``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would).
+"""``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would);
+at point ``loader`` the DataLoader worker reading that step does (``segfault`` likewise).
 ``slow_save`` makes every checkpoint write from that step on take 35 s longer (more
 than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk.
 ``nan`` makes this rank's loss NaN in that step (the others stay finite)."""
-FaultPoint = Literal["start", "forward", "backward", "pack", "clip", "optimizer", "scheduler"]
-"""Where in a step a fault fires: ``start`` (before any work), or just before the forward,
+FaultPoint = Literal[
+    "start", "forward", "backward", "pack", "clip", "optimizer", "scheduler", "loader"
+]
+"""Where in a step a fault fires: ``loader`` (in the DataLoader worker as it reads that
+step's batch, ahead of training; the training process when ``num_workers`` is 0),
+``start`` (before any work), or just before the forward,
 the backward, packing gradients into the all-reduce buffer, clipping, the optimizer step
 or the scheduler step."""
 

@@ -5,20 +5,36 @@ backward pass (DDP needs no ``find_unused_parameters``) and the task mix is bala
 construction. An epoch is as long as the task with the most per-rank batches; a task that
 runs out earlier starts another pass over its shard with a new shuffle. All step counts
 depend only on dataset sizes, so every rank yields the same number of steps.
+
+One DataLoader serves whole steps: :class:`StepSampler` (in the training process) decides
+which indices of which task make up each step, and :class:`StepDataset` reads them, in
+the training process (``num_workers: 0``) or in ``num_workers`` worker processes per rank.
+The sampler alone fixes the order, so a run with workers sees exactly the batches of a run
+without, and a resumed run starts at its step without reading the steps before it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import structlog
+import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, default_collate
 
 from ups.config import TaskConfig
 from ups.data.pdebench import PDEBenchDataset, Split, TaskInfo
+from ups.worker_death import worker_death
+
+if TYPE_CHECKING:
+    from ups.train.faults import FaultInjector
 
 Batch = tuple[Tensor, Tensor, Tensor]
+log = structlog.get_logger()
 
 PASS_STRIDE = 1000
 """Sampler epoch of pass ``p`` in epoch ``e`` is ``e * PASS_STRIDE + p``: distinct shuffles."""
@@ -56,69 +72,154 @@ class ShardedSampler(DistributedSampler[int]):
         return self.num_samples - self.start
 
 
-class _TaskStream:
-    """One task's DataLoader, restarted with a fresh shuffle each time it runs out."""
+class StepPlan(NamedTuple):
+    """What one step reads: its global step number and each task's dataset indices."""
 
-    def __init__(self, loader: DataLoader[Any], sampler: ShardedSampler, batch_size: int):
-        self.loader = loader
-        self.sampler = sampler
+    step: int
+    indices: dict[str, list[int]]
+
+
+class StepSampler(Sampler[StepPlan]):
+    """The steps of one epoch from ``start_step`` on, each with one batch of every task.
+
+    Step ``k`` of a task is batch ``k % batches_per_pass`` of pass ``k // batches_per_pass``
+    over that task's shard, so any step can be produced without the ones before it.
+    """
+
+    def __init__(self, shards: dict[str, ShardedSampler], batch_size: int) -> None:
+        self.shards = shards
         self.batch_size = batch_size
-        self.batches_per_pass = -(-sampler.num_samples // batch_size)
+        self.per_pass = {t: -(-s.num_samples // batch_size) for t, s in shards.items()}
+        self.steps_per_epoch = max(self.per_pass.values())
         self.epoch = 0
-        self.pass_ = 0
-        self._it: Iterator[Batch] | None = None
+        self.start_step = 0
 
-    def start(self, epoch: int, step: int) -> None:
-        """Position the stream at global step ``step`` of ``epoch``."""
-        self.epoch = epoch
-        self.pass_, offset = divmod(step, self.batches_per_pass)
-        self._begin_pass(offset)
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        if not 0 <= start_step <= self.steps_per_epoch:
+            raise ValueError(f"start_step {start_step} not in [0, {self.steps_per_epoch}]")
+        self.epoch, self.start_step = epoch, start_step
 
-    def _begin_pass(self, offset: int) -> None:
-        self.sampler.set_epoch(self.epoch * PASS_STRIDE + self.pass_)
-        self.sampler.set_start(offset, self.batch_size)
-        self._it = iter(self.loader)
+    def __len__(self) -> int:
+        return self.steps_per_epoch - self.start_step
 
-    def next(self) -> Batch:
-        assert self._it is not None, "start() must be called before next()"
-        try:
-            return next(self._it)
-        except StopIteration:
-            self.pass_ += 1
-            self._begin_pass(0)
-            return next(self._it)
+    def __iter__(self) -> Iterator[StepPlan]:
+        passes: dict[str, tuple[int, list[int]]] = {}
+        for k in range(self.start_step, self.steps_per_epoch):
+            plan = {}
+            for task, shard in self.shards.items():
+                pass_, batch = divmod(k, self.per_pass[task])
+                if passes.get(task, (-1, []))[0] != pass_:
+                    shard.set_epoch(self.epoch * PASS_STRIDE + pass_)
+                    passes[task] = (pass_, list(shard))
+                order = passes[task][1]
+                plan[task] = order[batch * self.batch_size : (batch + 1) * self.batch_size]
+            yield StepPlan(self.epoch * self.steps_per_epoch + k, plan)
+
+
+class StepDataset(Dataset[dict[str, Batch]]):
+    """Reads a :class:`StepPlan`: ``{task: (x, y, idx)}`` with every task's batch stacked.
+
+    In a worker process each task's HDF5 file is opened by that worker on first use
+    (:class:`PDEBenchDataset` never uses a handle across ``fork``).
+    """
+
+    def __init__(
+        self, datasets: dict[str, PDEBenchDataset], injector: FaultInjector | None = None
+    ) -> None:
+        self.datasets = datasets
+        self.injector = injector
+        """Fires faults at point ``loader`` (drills: a worker killed while it reads a step)."""
+
+    def __getitem__(self, plan: StepPlan) -> dict[str, Batch]:
+        if self.injector is not None:
+            self.injector.fire(plan.step, "loader")
+        out: dict[str, Batch] = {}
+        for task, indices in plan.indices.items():
+            dataset = self.datasets[task]
+            out[task] = default_collate([dataset[i] for i in indices])
+        return out
+
+
+def _start_worker(worker_id: int) -> None:
+    """Runs first in every worker process.
+
+    torchrun stops a rank by signalling its whole process group (``killpg``), and a
+    worker that died of that SIGTERM would fail the rank before it could stop at a step
+    and write its preemption checkpoint. In a group of its own the worker is stopped only
+    by its rank (at shutdown) or ends itself when the rank is gone (torch's watchdog).
+    """
+    os.setpgid(0, 0)
+    log.debug("loader_worker_started", worker=worker_id, pid=os.getpid())  # file only
 
 
 class MultiTaskLoader:
     """Yields ``{task name: (x, y, idx)}`` with one batch per task, ``steps_per_epoch`` times.
 
     Call :meth:`set_epoch` before iterating each epoch; ``start_step`` resumes mid-epoch.
+    :meth:`close` ends the worker processes.
     """
 
-    def __init__(self, streams: dict[str, _TaskStream]) -> None:
-        self.streams = streams
-        self.epoch = 0
-        self.start_step = 0
+    def __init__(self, sampler: StepSampler, loader: DataLoader[dict[str, Batch]]) -> None:
+        self.sampler = sampler
+        self.loader = loader
+        self._active: Iterator[dict[str, Batch]] | None = None
 
     @property
     def steps_per_epoch(self) -> int:
-        return max(s.batches_per_pass for s in self.streams.values())
+        return self.sampler.steps_per_epoch
+
+    @property
+    def num_workers(self) -> int:
+        return self.loader.num_workers
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Select the epoch's shuffle and skip its first ``start_step`` steps (for resume)."""
-        if not 0 <= start_step <= self.steps_per_epoch:
-            raise ValueError(f"start_step {start_step} not in [0, {self.steps_per_epoch}]")
-        self.epoch = epoch
-        self.start_step = start_step
+        self.sampler.set_epoch(epoch, start_step)
 
     def __len__(self) -> int:
-        return self.steps_per_epoch - self.start_step
+        return len(self.sampler)
 
     def __iter__(self) -> Iterator[dict[str, Batch]]:
-        for stream in self.streams.values():
-            stream.start(self.epoch, self.start_step)
-        for _ in range(self.start_step, self.steps_per_epoch):
-            yield {name: stream.next() for name, stream in self.streams.items()}
+        self._active = iter(self.loader)
+        return _with_exit_status(self._active)
+
+    def close(self) -> None:
+        """End the worker processes now rather than when the loader is garbage-collected
+        (persistent workers would otherwise hold their memory through evaluation)."""
+        # torch has no public close: persistent workers live in the DataLoader's iterator.
+        for it in (self._active, self.loader._iterator):
+            if isinstance(it, _MultiProcessingDataLoaderIter):
+                it._shutdown_workers()
+        self._active = None
+        self.loader._iterator = None
+
+
+def _with_exit_status(it: Iterator[dict[str, Batch]]) -> Iterator[dict[str, Batch]]:
+    """``it``, where a worker death that torch reports without its signal or exit code
+    ("DataLoader worker (pid(s) N) exited unexpectedly": it found the worker dead while
+    waiting for a batch) is raised again with them, in the words torch uses when its
+    SIGCHLD handler sees the death first, so ``ups.worker_death`` reads both alike."""
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as exc:
+            death = worker_death(str(exc))
+            if death is None or death.signal or death.exit_code is not None:
+                raise
+            workers = getattr(it, "_workers", [])  # torch's worker Process objects
+            codes = {w.pid: w.exitcode for w in workers if w.pid in death.pids}
+            pid, code = next(((p, c) for p, c in codes.items() if c), (None, None))
+            if pid is None or code is None:
+                raise
+            how = (
+                f"is killed by signal: {signal.strsignal(-code)}."
+                if code < 0
+                else f"exited unexpectedly with exit code {code}."
+            )
+            raise RuntimeError(f"DataLoader worker (pid {pid}) {how}") from exc
+        yield batch
 
 
 def build_loader(
@@ -131,24 +232,64 @@ def build_loader(
     world_size: int,
     seed: int,
     split: Split = "train",
+    prefetch_factor: int = 2,
+    pin_memory: bool = False,
+    persistent_workers: bool = True,
+    injector: FaultInjector | None = None,
 ) -> MultiTaskLoader:
-    """A shuffled, rank-sharded loader over ``split`` of every task (train by default)."""
-    streams = {}
-    for task in tasks:
-        dataset = PDEBenchDataset(task, split, infos[task.name])
-        sampler = ShardedSampler(
-            dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+    """A shuffled, rank-sharded loader over ``split`` of every task (train by default).
+
+    ``pin_memory`` is for CUDA (page-locked batches copy to the GPU faster);
+    ``prefetch_factor`` and ``persistent_workers`` apply only with ``num_workers > 0``.
+    """
+    datasets = {t.name: PDEBenchDataset(t, split, infos[t.name]) for t in tasks}
+    shards = {
+        name: ShardedSampler(
+            ds, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
         )
-        loader = DataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            num_workers=num_workers,
-            persistent_workers=num_workers > 0,
-            pin_memory=False,
-        )
-        streams[task.name] = _TaskStream(loader, sampler, batch_size)
-    return MultiTaskLoader(streams)
+        for name, ds in datasets.items()
+    }
+    sampler = StepSampler(shards, batch_size)
+    workers = num_workers > 0
+    loader = DataLoader(
+        StepDataset(datasets, injector),
+        batch_size=None,  # the dataset returns whole steps
+        sampler=sampler,
+        num_workers=num_workers,
+        prefetch_factor=prefetch_factor if workers else None,
+        persistent_workers=persistent_workers and workers,
+        pin_memory=pin_memory,
+        worker_init_fn=_start_worker if workers else None,
+        # Its own generator: a DataLoader draws a seed for its workers at every new
+        # iterator, and the global RNG (dropout, the checkpointed RNG state) must not
+        # depend on the worker count or on how often an epoch was restarted.
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return MultiTaskLoader(sampler, loader)
+
+
+def step_batch_bytes(infos: dict[str, TaskInfo], batch_size: int) -> int:
+    """Bytes of one step's batch (``x`` and ``y`` in float32 and int64 ``idx`` per task)."""
+    per_item = sum(2 * 4 * _numel(i.sample_shape) + 8 for i in infos.values())
+    return batch_size * per_item
+
+
+def loader_shm_bytes(
+    infos: dict[str, TaskInfo], batch_size: int, num_workers: int, prefetch_factor: int
+) -> int:
+    """Shared memory one rank's workers use at most: every batch a worker hands over is
+    moved into /dev/shm, up to ``num_workers * prefetch_factor`` steps in flight, plus the
+    step the rank trains on and the one it just released. Zero without workers."""
+    if num_workers == 0:
+        return 0
+    return (num_workers * prefetch_factor + 2) * step_batch_bytes(infos, batch_size)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
 
 
 class _StridedShard(Sampler[int]):

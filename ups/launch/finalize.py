@@ -25,6 +25,7 @@ from ups.outcome import (
     read_outcome,
     write_outcome,
 )
+from ups.worker_death import LOADER_DIED, worker_death
 
 log = get_logger("ups.launch")
 
@@ -55,6 +56,8 @@ def _traceback_location(plan: LaunchPlan, failure: WorkerFailure) -> str:
 def _describe(failure: WorkerFailure) -> str:
     if failure.signal:
         return f"rank {failure.rank} died with {failure.signal} (exit code {failure.exitcode})"
+    if (death := worker_death(failure.message)) is not None:
+        return f"rank {failure.rank} exited with code {failure.exitcode}: its {death.describe()}"
     first = failure.message.strip().splitlines()[0] if failure.message.strip() else ""
     detail = f": {first[:200]}" if first and not first.startswith("To enable traceback") else ""
     return f"rank {failure.rank} exited with code {failure.exitcode}{detail}"
@@ -80,7 +83,7 @@ def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
             failed_rank=cause.rank,
             signal=cause.signal,
             traceback=_traceback_location(plan, cause),
-            cause="rank_signal" if cause.signal else "exception",
+            cause=_cause_of(cause),
         )
     if result.status == "signal" or result.received_signal:
         sig = result.signal or result.received_signal
@@ -195,13 +198,19 @@ def _amend_failed(
         changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
     if written.cause == "peer_died":
         # The survivor saw only a broken connection; torchrun saw how the peer ended.
-        if failure.signal:
-            changes["cause"] = "rank_signal"
-        elif failure.rank != 0:
-            changes["cause"] = "exception"
+        if failure.signal or failure.rank != 0:
+            changes["cause"] = _cause_of(failure)
+        if changes.get("cause") == LOADER_DIED:
+            changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
     if written.traceback is None:
         changes["traceback"] = _traceback_location(plan, failure)
     return dataclasses.replace(written, **changes) if changes else written
+
+
+def _cause_of(failure: WorkerFailure) -> str:
+    if failure.signal:
+        return "rank_signal"
+    return LOADER_DIED if worker_death(failure.message) else "exception"
 
 
 _TRAINER_CODES = (EXIT_CONFIG, EXIT_NONFINITE, EXIT_SAVE_FAILED)

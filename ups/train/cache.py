@@ -9,7 +9,9 @@
 
 Everything is moved to the CPU before saving, so a cache can never carry CUDA storages
 (the failure in REFERENCE §1), and files are read with ``weights_only=True, mmap=True``:
-every rank and DataLoader worker on a node shares the same page-cache copy.
+every rank on a node maps the same page-cache copy, read-only. The rank gathers each
+step's rows itself (one copy of the batch's rows); its DataLoader workers, forked after
+the load, inherit the mapping and never touch it, so no worker holds a copy.
 With ``cache.enabled`` the trainer loads ``encoders.pt``, freezes the encoders and trains
 the operator and decoders on the cached latents.
 """

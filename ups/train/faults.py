@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from typing import get_args
 
 import torch
 
@@ -42,7 +43,7 @@ def parse_faults(text: str) -> list[FaultConfig]:
             raise ValueError(
                 f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
                 f"one of oom, exception, segfault, hang, sigterm, sigkill, slow_save, nan and "
-                f"point one of start, forward, backward, pack, clip, optimizer, scheduler ({exc})"
+                f"point one of {', '.join(get_args(FaultPoint))} ({exc})"
             ) from None
     return faults
 

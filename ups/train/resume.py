@@ -25,7 +25,8 @@ HEAD_BYTES = 1 << 20
 
 _NOT_MATH = {
     "training": {"epochs", "max_steps", "num_workers", "log_every", "eval_batch_size",
-                 "record_sample_ids", "batch_size", "max_consecutive_skips", "strategy"},
+                 "record_sample_ids", "batch_size", "max_consecutive_skips", "strategy",
+                 "prefetch_factor", "pin_memory", "persistent_workers"},
 }  # fmt: skip
 """Fields that do not change an update: run length (extending a run is the usual reason to
 resume), logging, loader processes. ``batch_size`` is its own group; ``strategy`` is a fact

@@ -55,6 +55,7 @@ from ups.train.sharded import other_format_checkpoint
 from ups.train.signals import StopFlag
 from ups.train.strategy import make_strategy
 from ups.train.tracking import Tracker
+from ups.worker_death import LOADER_DIED, worker_death
 
 log = structlog.get_logger()
 _fault_log: IO[str] | None = None  # kept open for faulthandler for the life of the process
@@ -102,6 +103,7 @@ def build_trainer(
     tracker: Tracker,
     stop: StopFlag,
     checkpoint_dir: Path,
+    injector: FaultInjector | None = None,
 ) -> Trainer:
     """Model (with the latent cache when enabled), its DDP or FSDP wrapper
     (``training.strategy``), optimizer and schedule."""
@@ -121,7 +123,7 @@ def build_trainer(
         optimizer=optimizer,
         scheduler=lr_schedule(optimizer, cfg, total_steps(cfg, loader.steps_per_epoch)),
         loader=loader,
-        injector=FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
+        injector=injector or FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
         tracker=tracker,
         stop=stop,
         checkpoint_dir=checkpoint_dir,
@@ -232,6 +234,9 @@ def _failure(
     cause = "exception"
     if isinstance(exc, RunFailed):
         reason, failed_rank, cause = exc.reason, exc.failed_rank, exc.cause
+    elif (death := worker_death(str(exc))) is not None:
+        reason = f"rank {env.rank} failed at step {step}: its {death.describe()}"
+        cause = LOADER_DIED
     elif isinstance(exc, dist.DistError) or "gloo" in text.lower() or "nccl" in text.lower():
         stuck = stuck_ranks(env.world_size, step or 0)
         failed_rank = stuck[0] if stuck else None
@@ -348,19 +353,25 @@ def _build(
     run.run_dir = _open_run_dir(cfg, env, run.run_id)
     tracker.start(cfg, run_id=run.run_id, run_dir=run.run_dir, rank=env.rank)
     torch.manual_seed(cfg.run.seed)
+    injector = FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun)
+    t = cfg.training
     loader = build_loader(
         list(cfg.tasks),
         infos,
-        batch_size=cfg.training.batch_size,
-        num_workers=cfg.training.num_workers,
+        batch_size=t.batch_size,
+        num_workers=t.num_workers,
         rank=env.rank,
         world_size=env.world_size,
         seed=cfg.run.seed,
+        prefetch_factor=t.prefetch_factor,
+        pin_memory=device.type == "cuda" if t.pin_memory == "auto" else t.pin_memory,
+        persistent_workers=t.persistent_workers,
+        injector=injector,
     )
     checkpoints = run.run_dir / "checkpoints"
     run.trainer = build_trainer(
         cfg, env, infos, device, loader=loader, tracker=tracker, stop=stop,
-        checkpoint_dir=checkpoints,
+        checkpoint_dir=checkpoints, injector=injector,
     )  # fmt: skip
     run.resumed_from = _resume(run.trainer, cfg, env, checkpoints)
     log.info(
@@ -386,6 +397,7 @@ def _train_and_evaluate(
     """Train to the end or the agreed stop, save, and (when finished) evaluate."""
     run.enter("training")
     result = trainer.run()
+    trainer.loader.close()  # the workers' memory is not needed for evaluation
     weights = trainer.strategy.weights()  # every rank (FSDP: gathers the full weights)
     log.info("replica_digest", sha256=params_digest(weights), step=trainer.state.step)
     run.enter("final_save")
