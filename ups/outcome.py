@@ -24,7 +24,8 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "restarts": 1,                   # in-place restarts (--max-restarts) used
       "attempts": [{...}, ...],        # one entry per torchrun attempt of this launch
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
-      "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}}
+      "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
+      "training": {"precision": "bf16", "compiled": true, "accum_steps": 4, "oom_policy": "skip"}
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).
@@ -83,6 +84,9 @@ class Outcome:
     resumed_from: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
     """When a rank died by SIGKILL: the OOM killer's verdict, the memory limit, peak RSS."""
+    training: dict[str, Any] | None = None
+    """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
+    ``oom_policy``; null when it ended before training was set up."""
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

@@ -123,6 +123,23 @@ class TrainingConfig(_Strict):
     """Per-rank batch size of the held-out evaluation at the end of the run."""
     record_sample_ids: bool = False
     """Log every step's sample indices to the rank's log file (to audit sharding)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Forward precision under ``torch.autocast``: ``fp32`` (no autocast), ``bf16``, or
+    ``fp16`` (CUDA only) with a loss scaler whose overflow check is the step's non-finite
+    flag. Parameters, gradients, the optimizer and the evaluation stay fp32."""
+    compile: bool = False
+    """``torch.compile`` the model. Compiled once before the first step on every rank; a
+    failure (e.g. no C++ compiler on a CPU host: ``apt-get install build-essential``) stops
+    every rank with the fix named."""
+    accum_steps: int = Field(1, ge=1)
+    """Micro-batches of ``batch_size`` per optimizer step (gradient accumulation): each
+    rank takes ``batch_size * accum_steps`` samples per step. Steps, ``max_steps``,
+    ``log_every`` and checkpoints count optimizer steps."""
+    oom_policy: Literal["skip", "fail"] = "skip"
+    """Out of memory on a rank: ``skip`` the step on every rank (local backward, then the
+    ranks agree before any gradient is sent); ``fail`` ends the run (DDP's bucketed
+    all-reduce overlaps the backward; a rank that runs out of memory exits and the others
+    fail within ``distributed.collective_timeout_s``). See docs/training.md."""
 
 
 class DistributedConfig(_Strict):

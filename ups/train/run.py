@@ -17,7 +17,12 @@ from torch.nn.parallel import DistributedDataParallel
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
-from ups.distributed.agreement import publish_whereabouts, stuck_ranks
+from ups.distributed.agreement import (
+    publish_failure,
+    publish_whereabouts,
+    published_failures,
+    stuck_ranks,
+)
 from ups.distributed.env import DistEnv
 from ups.distributed.lifecycle import (
     init_distributed,
@@ -38,6 +43,7 @@ from ups.outcome import (
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.cache import load_cache
 from ups.train.checkpoint import latest_good_checkpoint
+from ups.train.compile import compile_check, compile_model
 from ups.train.evaluate import evaluate
 from ups.train.failures import RunFailed, nonfinite_metrics
 from ups.train.faults import FaultInjector
@@ -106,10 +112,15 @@ def build_trainer(
     model = make_model(cfg, infos)
     latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
     model = model.to(device)
+    if cfg.training.compile:
+        compile_model(model)
     ddp = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         forward_sync_buffers=False,  # no collective inside forward: see ups.distributed.agreement
+        # oom_policy fail: DDP's buckets hold the gradients (no copy in and out of them);
+        # skip: the trainer's GradBuffer does, and DDP never syncs (no_sync).
+        gradient_as_bucket_view=cfg.training.oom_policy == "fail",
     )
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -139,6 +150,17 @@ def params_digest(model: torch.nn.Module) -> str:
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def training_setup(trainer: Trainer) -> dict[str, Any]:
+    """How the run trains, for ``train_start`` and the outcome (``training``)."""
+    t = trainer.cfg.training
+    return {
+        "precision": t.precision,
+        "compiled": trainer.compiled,
+        "accum_steps": t.accum_steps,
+        "oom_policy": t.oom_policy,
+    }
 
 
 def _agree_run_id(cfg: Config, env: DistEnv) -> str:
@@ -206,6 +228,8 @@ def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> dict
     trainer.model.module.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
+    if trainer.scaler is not None and "scaler" in state:
+        trainer.scaler.load_state_dict(state["scaler"])
     trainer.state = TrainState(**state["train_state"])
     torch.set_rng_state(state["rng_cpu"])
     if (warning := restore_rng(state)) is not None:
@@ -255,6 +279,10 @@ def _failure(
             )
         else:
             reason = f"a peer rank died at step {step} (rank {env.rank} saw: {text})"
+            told = {r: t for r, t in published_failures(env.world_size).items() if r != env.rank}
+            if told:  # the peer said why before it exited (e.g. oom_policy=fail)
+                failed_rank, said = min(told.items())
+                reason, cause = f"rank {failed_rank} failed at step {step}: {said}", "exception"
     return Outcome(
         run_id=run_id,
         outcome="failed",
@@ -292,6 +320,7 @@ class _Run:
         self.run_dir: Path | None = None
         self.trainer: Trainer | None = None
         self.resumed_from: dict[str, Any] | None = None
+        self.training: dict[str, Any] | None = None
         self.enter("init")
 
     def enter(self, phase: str) -> None:
@@ -303,7 +332,9 @@ class _Run:
         return self.trainer.state.step if self.trainer is not None else None
 
     def stamp(self, outcome: Outcome) -> Outcome:
-        return dataclasses.replace(outcome, phase=self.phase, resumed_from=self.resumed_from)
+        return dataclasses.replace(
+            outcome, phase=self.phase, resumed_from=self.resumed_from, training=self.training
+        )
 
 
 def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFlag) -> int:
@@ -326,7 +357,10 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         outcome = _failure(exc, cfg, env, run.step, run.run_id)
     except BaseException as exc:
         log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")
-        _finish(run.stamp(_failure(exc, cfg, env, run.step, run.run_id)), env, run.run_dir, tracker)
+        failure = _failure(exc, cfg, env, run.step, run.run_id)
+        if failure.cause == "exception" and failure.failed_rank == env.rank:
+            publish_failure(env.rank, failure.reason.split(": ", 1)[-1])
+        _finish(run.stamp(failure), env, run.run_dir, tracker)
         raise
     _finish(run.stamp(outcome), env, run.run_dir, tracker)
     if outcome.outcome != "preempted":  # a preempted worker exits while torchrun stops it
@@ -352,7 +386,7 @@ def _build(
     loader = build_loader(
         list(cfg.tasks),
         infos,
-        batch_size=cfg.training.batch_size,
+        batch_size=cfg.training.batch_size * cfg.training.accum_steps,  # one optimizer step
         num_workers=cfg.training.num_workers,
         rank=env.rank,
         world_size=env.world_size,
@@ -364,12 +398,18 @@ def _build(
         checkpoint_dir=checkpoints,
     )  # fmt: skip
     run.resumed_from = _resume(run.trainer, cfg, env, checkpoints)
+    if cfg.training.compile:
+        run.enter("compile")
+        loader.set_epoch(0)
+        compile_check(run.trainer, next(iter(loader)))
+    run.training = training_setup(run.trainer)
     log.info(
         "train_start",
         steps=run.trainer.total_steps,
         from_step=run.trainer.state.step,
         steps_per_epoch=loader.steps_per_epoch,
         device=str(device),
+        **run.training,
     )
     return run.trainer
 
@@ -407,7 +447,10 @@ def _train_and_evaluate(
             cause="preempted",
         )
     run.enter("evaluation")
-    metrics = evaluate(model, cfg, infos, env, device)
+    # Eager even when compiled: one pass over the test split is not worth a new graph per
+    # task and batch shape (compiling them would take longer than the evaluation).
+    with torch.compiler.set_stance("force_eager"):
+        metrics = evaluate(model, cfg, infos, env, device)
     tracker.summary(metrics)
     log.info("eval", **metrics)
     if (bad := nonfinite_metrics(metrics)) is not None:
