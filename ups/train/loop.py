@@ -39,7 +39,6 @@ steps come from the first table, so logging adds none.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -65,12 +64,11 @@ from ups.distributed.env import DistEnv
 from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.lifecycle import set_collective_timeout
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
-from ups.train.accum import micro_batches
-from ups.train.amp import autocast, is_overflow, make_scaler, scaler_overflow
+from ups.train.amp import is_overflow, make_scaler, scaler_overflow
 from ups.train.checkpoint import CheckpointSaveFailed, save_checkpoint
 from ups.train.failures import RunFailed, TooManySkips, nonfinite_failure
 from ups.train.faults import FaultInjector
-from ups.train.metrics import rel_l2
+from ups.train.local import LocalStep
 from ups.train.signals import StopFlag
 from ups.train.tracking import Tracker
 
@@ -171,11 +169,8 @@ class Trainer:
         self.injector, self.tracker, self.stop = injector, tracker, stop
         self.checkpoint_dir = checkpoint_dir
         self.state = state
-        self.latents = latents
-        """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.tasks = [t.name for t in cfg.tasks]
-        self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
         self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
         """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
@@ -187,6 +182,9 @@ class Trainer:
         materialize_optimizer_state(optimizer)
         self.grads = None if self.fail_on_oom else GradBuffer(self.params)
         """``oom_policy: skip``: the gradients' own buffer; under ``fail`` DDP's buckets are."""
+        self.local = LocalStep(cfg=cfg, device=device, model=model, injector=injector,
+                               scaler=self.scaler, params=self.params, grads=self.grads,
+                               latents=latents)  # fmt: skip
         self.save_error: CheckpointSaveFailed | None = None
         """Rank 0's last failed save, reported at the next agreement."""
         self._tight_timeout = False
@@ -292,9 +290,11 @@ class Trainer:
             self.grads.attach()
         try:
             self.injector.fire(step)
+            if self.fail_on_oom:  # the step's first collective is DDP's, inside the backward
+                heartbeat(self.env.rank, step)
             losses = self.forward_backward(batch, step, sync=self.fail_on_oom)
             self.injector.fire(step, "pack")
-            nonfinite = self._nonfinite(losses)
+            nonfinite = self.local.nonfinite(losses)
         except torch.OutOfMemoryError as exc:
             if self.fail_on_oom:
                 raise self._oom_fail(exc) from exc
@@ -302,7 +302,8 @@ class Trainer:
             oom_reason = str(exc).splitlines()[0]
             losses, nonfinite = None, False
             self._free_memory()
-        heartbeat(self.env.rank, step)
+        if not self.fail_on_oom:
+            heartbeat(self.env.rank, step)
         verdict = self._agree(oom=oom_reason is not None, nonfinite=nonfinite, losses=losses)
         if verdict.save_failed:
             raise self._save_failure()
@@ -348,55 +349,8 @@ class Trainer:
         )
 
     def forward_backward(self, batch: Batch, step: int, *, sync: bool) -> Tensor:
-        """Forward and backward of every micro-batch; the gradients add up in ``.grad``.
-
-        Every micro-batch runs under ``no_sync`` (gradients stay local until the ranks
-        agree), except the last when ``sync``: then DDP all-reduces during its backward.
-        Returns this rank's per-task mean losses over the whole step batch (detached).
-        """
-        self.injector.fire(step, "forward")
-        total = torch.zeros(len(self.tasks), device=self.device)
-        micros = micro_batches(batch, self.cfg.training.batch_size)
-        for k, micro in enumerate(micros):
-            last = k == len(micros) - 1
-            with contextlib.nullcontext() if sync and last else self.model.no_sync():
-                total += self._micro_step(micro.batch, micro.shares, step)
-        return total
-
-    def _micro_step(self, batch: Batch, shares: dict[str, float], step: int) -> Tensor:
-        index = [self.tasks.index(t) for t in batch]
-        inputs = {task: x.to(self.device) for task, (x, _, _) in batch.items()}
-        latents = None
-        if self.latents is not None:
-            latents = {t: self.latents[t][idx].to(self.device) for t, (_, _, idx) in batch.items()}
-        with autocast(self.cfg.training.precision, self.device):
-            preds = self.model(inputs, latents)
-        # The loss in fp32 whatever the forward's precision; each task's micro-batch mean is
-        # weighted by its share of the step's samples, so the sum is the step batch's mean.
-        losses = torch.stack(
-            [
-                shares[t] * rel_l2(preds[t].float(), batch[t][1].to(self.device)).mean()
-                for t in batch
-            ]
-        )
-        losses = self.injector.corrupt(step, losses)
-        loss = (self.weights[index] * losses).sum() / self.weights.sum()
-        self.injector.fire(step, "backward")
-        backward = loss if self.scaler is None else self.scaler.scale(loss)
-        backward.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
-        out = torch.zeros(len(self.tasks), device=self.device)
-        out[index] = losses.detach()
-        return out
-
-    def _nonfinite(self, losses: Tensor) -> Tensor:
-        """This rank's NaN/inf flag (a device tensor: the agreement reads it): its loss, and
-        its local gradients (``skip``) or the averaged ones DDP left (``fail``)."""
-        bad_loss = ~torch.isfinite(losses).all()
-        if self.grads is not None:
-            return bad_loss | self.grads.nonfinite()
-        grads = [p.grad for p in self.params if p.grad is not None]
-        # The max-norm is NaN/inf exactly when some element is, and cannot overflow.
-        return bad_loss | ~torch.isfinite(nn.utils.get_total_norm(grads, norm_type=math.inf))
+        """The local work of a step (``ups.train.local``): this rank's per-task losses."""
+        return self.local.run(batch, step, sync=sync)
 
     def _update(self, step: int) -> Update:
         """Clip, optimizer and scheduler step; an OOM becomes a status, not a raise (under
