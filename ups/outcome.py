@@ -20,7 +20,7 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "time": "2026-11-22T00:15:00Z",
       "cause": "rank_signal",          # key into ups.retry.RETRY_TABLE, or null
       "phase": "training",             # preflight, torchrun_start, data_check, init,
-                                       # training, evaluation, final_save; or null
+                                       # compile, training, evaluation, final_save; or null
       "restarts": 1,                   # in-place restarts (--max-restarts) used
       "attempts": [{...}, ...],        # one entry per torchrun attempt of this launch
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
@@ -78,7 +78,7 @@ class Outcome:
     """Why it ended, as a key of :data:`ups.retry.RETRY_TABLE` (decides whether to resume)."""
     phase: str | None = None
     """What the run was doing when it ended: preflight, torchrun_start, data_check, init,
-    training, evaluation, final_save."""
+    compile, training, evaluation, final_save."""
     restarts: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: dict[str, Any] | None = None

@@ -83,3 +83,12 @@ def scaler_overflow(
     scaler.step(optimizer)  # sees the overflow: no optimizer step
     scaler.update()
     return float(scaler.get_scale())
+
+
+def scaler_forget_step(scaler: torch.amp.GradScaler | None) -> None:
+    """After an OOM cut a step short: drop the scaler's record that this step's gradients
+    were unscaled (it would refuse the next step's ``unscale_``), keeping the scale."""
+    if scaler is None:
+        return
+    with contextlib.suppress(AssertionError):  # nothing scaled yet: nothing recorded
+        scaler.update(new_scale=scaler.get_scale())

@@ -64,7 +64,7 @@ from ups.distributed.env import DistEnv
 from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.lifecycle import set_collective_timeout
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
-from ups.train.amp import is_overflow, make_scaler, scaler_overflow
+from ups.train.amp import is_overflow, make_scaler, scaler_forget_step, scaler_overflow
 from ups.train.checkpoint import CheckpointSaveFailed, save_checkpoint
 from ups.train.failures import RunFailed, TooManySkips, nonfinite_failure
 from ups.train.faults import FaultInjector
@@ -472,6 +472,7 @@ class Trainer:
 
     def _free_memory(self) -> None:
         self._zero_grads()
+        scaler_forget_step(self.scaler)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
