@@ -20,8 +20,9 @@ holds ``--warmup + --steps`` batches in memory, and runs every variant on each b
 turn, rotating which goes first (ABC, BCA, CAB, ...), so load from other jobs hits all
 alike. It also times the agreement alone (both status exchanges, no step). Reported: the
 median ms/step of each variant, the median of per-batch ratios ups/plain, and the spread
-(min-max) of those over the launches. A strategy is one field of a case, so another
-(e.g. ``fsdp``) is one more entry in :data:`STRATEGIES`.
+(min-max) of those over the launches. A strategy is one field of a case: another (e.g.
+``fsdp``) is one more entry in :data:`STRATEGIES` (its config overrides) and, where its
+plain loop wraps the model differently, one more branch where the worker builds "plain".
 
 Results: stdout, ``benchmarks/results/step-cpu.txt`` and ``.json`` (``--out``).
 """
