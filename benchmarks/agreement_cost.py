@@ -39,7 +39,7 @@ def previous_train_step(trainer: Any, batch: Any) -> None:
     env, step = trainer.env, trainer.state.step
     oom = False
     try:
-        losses = trainer._forward_backward(batch, step)
+        losses = trainer.forward_backward(batch, step, sync=False)
     except torch.OutOfMemoryError:
         oom = True
         trainer.optimizer.zero_grad(set_to_none=True)

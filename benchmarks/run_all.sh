@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -f data/demo/1D_Advection_Sols_beta0.4.hdf5 ] || .venv/bin/ups data synth
 echo "== trainer: 1 vs 2 ranks, loader vs step, peak RSS";  $PY benchmarks/bench_train.py
+echo "== trainer step: ups (skip, fail) vs a plain DDP step, fp32/bf16, two sizes"; $PY benchmarks/bench_step.py
 echo "== preflight: wall time per check, check vs bare all-reduce"; $PY benchmarks/bench_preflight.py
 echo "== deploy: log latency and lines lost across forced disconnects"; $PY benchmarks/bench_deploy.py
 if bash scripts/docker-engine.sh >/dev/null 2>&1; then

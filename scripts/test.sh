@@ -9,8 +9,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 
-echo "== system services: sshd, Docker engine"
+echo "== system services: sshd, Docker engine; a C++ compiler for torch.compile"
 bash scripts/sshd-setup.sh
+if ! command -v g++ >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
+    # tests/test_train_precision.py compiles a model: inductor's CPU backend builds C++.
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        build-essential >/dev/null
+fi
 if ! bash scripts/docker-engine.sh; then
     echo "test.sh: the Docker engine could not be started (log above); the container tests" \
         "need it, so this run would fail. Fix the engine, then run the tests again." >&2

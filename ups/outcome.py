@@ -20,11 +20,12 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "time": "2026-11-22T00:15:00Z",
       "cause": "rank_signal",          # key into ups.retry.RETRY_TABLE, or null
       "phase": "training",             # preflight, torchrun_start, data_check, init,
-                                       # training, evaluation, final_save; or null
+                                       # compile, training, evaluation, final_save; or null
       "restarts": 1,                   # in-place restarts (--max-restarts) used
       "attempts": [{...}, ...],        # one entry per torchrun attempt of this launch
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
-      "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}}
+      "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
+      "training": {"precision": "bf16", "compiled": true, "accum_steps": 4, "oom_policy": "skip"}
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).
@@ -77,12 +78,15 @@ class Outcome:
     """Why it ended, as a key of :data:`ups.retry.RETRY_TABLE` (decides whether to resume)."""
     phase: str | None = None
     """What the run was doing when it ended: preflight, torchrun_start, data_check, init,
-    training, evaluation, final_save."""
+    compile, training, evaluation, final_save."""
     restarts: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: dict[str, Any] | None = None
     memory: dict[str, Any] | None = None
     """When a rank died by SIGKILL: the OOM killer's verdict, the memory limit, peak RSS."""
+    training: dict[str, Any] | None = None
+    """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
+    ``oom_policy``; null when it ended before training was set up."""
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

@@ -51,7 +51,7 @@ def estimate_run_bytes(cfg: Config, world_size: int) -> dict[str, int]:
     checkpoint = int((param_bytes + 2 * trainable) * CHECKPOINT_OVERHEAD)
     steps = cfg.training.max_steps
     if steps is None:
-        per_rank_batch = cfg.training.batch_size * world_size
+        per_rank_batch = cfg.training.batch_size * cfg.training.accum_steps * world_size
         per_epoch = max(
             math.ceil(len(PDEBenchDataset(t, "train", infos[t.name])) / per_rank_batch)
             for t in cfg.tasks

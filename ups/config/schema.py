@@ -138,6 +138,41 @@ class TrainingConfig(_Strict):
     """``ddp``: a full replica per rank. ``fsdp``: FSDP2 (``fully_shard``): parameters,
     gradients and AdamW state sharded between steps, sharded checkpoints (resume needs the
     same world size; ``ups checkpoint export RUN`` writes one consolidated file)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Forward precision under ``torch.autocast``: ``fp32`` (no autocast), ``bf16``, or
+    ``fp16`` (CUDA only) with a loss scaler whose overflow check is the step's non-finite
+    flag. Parameters, gradients, the optimizer and the evaluation stay fp32."""
+    compile: bool = False
+    """``torch.compile`` the model. Compiled once before the first step on every rank; a
+    failure (e.g. no C++ compiler on a CPU host: ``apt-get install build-essential``) stops
+    every rank with the fix named."""
+    accum_steps: int = Field(1, ge=1)
+    """Micro-batches of ``batch_size`` per optimizer step (gradient accumulation): each
+    rank takes ``batch_size * accum_steps`` samples per step. Steps, ``max_steps``,
+    ``log_every`` and checkpoints count optimizer steps."""
+    oom_policy: Literal["skip", "fail"] = "skip"
+    """Out of memory on a rank: ``skip`` the step on every rank (local backward, then the
+    ranks agree before any gradient is sent); ``fail`` ends the run (DDP's bucketed
+    all-reduce overlaps the backward; a rank that runs out of memory exits and the others
+    fail within ``distributed.collective_timeout_s``). See docs/training.md."""
+
+    @model_validator(mode="after")
+    def _fsdp_combinations(self) -> TrainingConfig:
+        if self.strategy != "fsdp":
+            return self
+        unsupported = {
+            "oom_policy=fail": self.oom_policy == "fail",
+            "compile=true": self.compile,
+            "precision=fp16": self.precision == "fp16",
+        }
+        if chosen := [name for name, on in unsupported.items() if on]:
+            raise ValueError(
+                f"training.strategy=fsdp does not support training.{', training.'.join(chosen)}"
+                " yet: FSDP's one all-gather per step and gradient all-reduce after the"
+                " agreement (docs/fsdp.md) are built and tested with oom_policy=skip,"
+                " compile=false and precision fp32 or bf16; use those, or strategy=ddp"
+            )
+        return self
 
 
 class DistributedConfig(_Strict):

@@ -20,6 +20,7 @@ losses survive the sum unchanged (``x + 0``), which is how they reach the reason
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -33,6 +34,7 @@ from torch import Tensor
 
 _HEARTBEAT = "ups/heartbeat/{rank}"
 _WHERE = "ups/where/{rank}"
+_FAILED = "ups/failed/{rank}"
 
 
 def exchange(row: Tensor, rank: int, world_size: int) -> list[list[float]]:
@@ -183,6 +185,27 @@ def whereabouts(rank: int) -> tuple[str, int] | None:
         return host, int(pid)
     except (RuntimeError, ValueError):
         return None
+
+
+def publish_failure(rank: int, text: str) -> None:
+    """Record why this rank is exiting outside any agreement (best effort), so a peer whose
+    collective then fails can name the rank and the cause instead of "a peer died"."""
+    with contextlib.suppress(RuntimeError, ValueError):
+        dist.distributed_c10d._get_default_store().set(_FAILED.format(rank=rank), text)
+
+
+def published_failures(world_size: int) -> dict[int, str]:
+    """``{rank: text}`` of every rank that published a failure (empty when unknown)."""
+    found = {}
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        for rank in range(world_size):
+            key = _FAILED.format(rank=rank)
+            if store.check([key]):
+                found[rank] = store.get(key).decode()
+    except (RuntimeError, ValueError):
+        pass
+    return found
 
 
 def stuck_ranks(world_size: int, step: int) -> list[int]:

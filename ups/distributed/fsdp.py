@@ -90,27 +90,28 @@ class StepGather:
 
 
 class ShardedGrads:
-    """The FSDP counterpart of ``GradBuffer``: pack full gradients, all-reduce, keep a shard."""
+    """The FSDP counterpart of ``GradBuffer``: full gradients packed into one flat buffer
+    allocated at start, all-reduced there, and each rank keeps its shard."""
 
-    def __init__(self, model: FSDPModule, n_extras: int, rank: int, world_size: int) -> None:
+    def __init__(self, model: FSDPModule, rank: int, world_size: int) -> None:
         self.model, self.rank, self.world_size = model, rank, world_size
         self.params = [p for p in cast(nn.Module, model).parameters() if p.requires_grad]
         self.sizes = [p.numel() for p in self.params]  # global sizes (DTensor.numel)
-        total = sum(self.sizes)
         first = self.params[0]
         assert isinstance(first, DTensor)
-        self.flat = torch.empty(total + n_extras, dtype=first.dtype, device=first.to_local().device)
-        self.grads = self.flat[:total]
-        self.extras = self.flat[total:]
+        self.flat = torch.empty(sum(self.sizes), dtype=first.dtype, device=first.to_local().device)
 
     def _gathered(self) -> Iterator[Tensor]:
         gathered = [p for p in cast(nn.Module, self.model).parameters() if p.requires_grad]
         assert not any(isinstance(p, DTensor) for p in gathered), "begin_step() not called"
         return iter(gathered)
 
-    def pack(self, extras: Tensor) -> Tensor:
-        """Copy each full local gradient (zeros when absent) and ``extras`` into the buffer;
-        a 0-d bool tensor, True when any value is NaN/inf (no host sync)."""
+    def attach(self) -> None:
+        """Nothing to do: ``StepGather.begin_step`` cleared the gathered gradients."""
+
+    def nonfinite(self) -> Tensor:
+        """Copy each full local gradient (zeros when absent) into the buffer; a 0-d bool
+        tensor, True when any value is NaN/inf (no host sync)."""
         offset = 0
         for p, n in zip(self._gathered(), self.sizes, strict=True):
             chunk = self.flat[offset : offset + n]
@@ -120,17 +121,13 @@ class ShardedGrads:
                 chunk.copy_(p.grad.reshape(-1))
                 p.grad = None
             offset += n
-        self.extras.copy_(extras.reshape(-1))
         return ~torch.isfinite(self.flat).all()
 
     def all_reduce_mean(self, world_size: int) -> None:
-        """Average the buffer across ranks, in place: after the agreement only."""
+        """After the agreement only: average the buffer across ranks in place, reshard
+        (local) and give each sharded parameter its slice of the averaged gradient."""
         dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)
         self.flat /= world_size
-
-    def unpack(self) -> Tensor:
-        """Reshard (local) and give each sharded parameter its slice of the averaged
-        gradient; return the averaged extras."""
         self.model.reshard()
         mesh = _mesh(self.model)
         offset = 0
@@ -143,10 +140,14 @@ class ShardedGrads:
             p.grad = DTensor.from_local(
                 local, mesh, [Shard(0)], shape=p.shape, stride=p.stride(), run_check=False
             )
-        return self.extras.clone()
+
+    def zero(self) -> None:
+        """Drop the sharded gradients (views of the buffer, rewritten next step)."""
+        for p in self.params:
+            p.grad = None
 
     def clip_(self, max_norm: float) -> None:
         """Scale the gradients to at most ``max_norm`` (the global norm, as
         ``clip_grad_norm_`` computes it), from the averaged buffer: no collective."""
-        norm = torch.linalg.vector_norm(self.grads)
-        self.grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # the shards are views
+        norm = torch.linalg.vector_norm(self.flat)
+        self.flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # the shards are views

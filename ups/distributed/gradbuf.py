@@ -1,8 +1,12 @@
-"""One flat gradient buffer, allocated once, that every step's all-reduce runs in.
+"""One flat gradient buffer, allocated once, that backward writes into and the all-reduce
+runs in.
 
-Allocating it at start (not per step, as ``torch.cat`` would) means the all-reduce
-staging cannot run out of memory mid-run: packing copies into it, the all-reduce runs
-in place, and unpacking only makes views of it.
+Every parameter's ``.grad`` is a view of its slice of the buffer (as DDP's
+``gradient_as_bucket_view``), so autograd accumulates each micro-batch's gradient into
+the buffer in place: there is no copy from ``.grad`` into a staging buffer and none back,
+and nothing is allocated per step, so the all-reduce staging cannot run out of memory
+mid-run. The all-reduce runs in place on the whole buffer (one collective, launched as
+soon as the ranks agree the step is clean).
 """
 
 from __future__ import annotations
@@ -15,43 +19,43 @@ from torch import Tensor
 
 
 class GradBuffer:
-    """Gradients of ``params`` plus ``n_extras`` values (per-task losses) in one tensor."""
+    """The gradients of ``params`` as views of one preallocated tensor."""
 
-    def __init__(self, params: Sequence[Tensor], n_extras: int) -> None:
+    def __init__(self, params: Sequence[Tensor]) -> None:
         self.params = list(params)
-        self.sizes = [p.numel() for p in self.params]
-        total = sum(self.sizes)
-        self.flat = torch.empty(
-            total + n_extras, dtype=self.params[0].dtype, device=self.params[0].device
+        self.flat = torch.zeros(
+            sum(p.numel() for p in self.params),
+            dtype=self.params[0].dtype,
+            device=self.params[0].device,
         )
-        self.extras = self.flat[total:]
-
-    def pack(self, extras: Tensor) -> Tensor:
-        """Copy each local gradient (zeros when absent) and ``extras`` into the buffer.
-
-        Returns a 0-d bool tensor on the device: True when any packed value is NaN/inf
-        (one pass over the buffer; no host sync).
-        """
+        self.views: list[Tensor] = []
         offset = 0
-        for p, n in zip(self.params, self.sizes, strict=True):
-            chunk = self.flat[offset : offset + n]
-            if p.grad is None:
-                chunk.zero_()
-            else:
-                chunk.copy_(p.grad.reshape(-1))
-            offset += n
-        self.extras.copy_(extras.reshape(-1))
+        for p in self.params:
+            self.views.append(self.flat[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.attach()
+
+    def attach(self) -> None:
+        """Point every ``.grad`` at its view (again: ``zero_grad(set_to_none=True)`` or an
+        optimizer's state set-up may have dropped them). Cheap: no data moves."""
+        for p, view in zip(self.params, self.views, strict=True):
+            if p.grad is not view:
+                p.grad = view
+
+    def zero(self) -> None:
+        """Clear the gradients for the next step, keeping the views."""
+        self.flat.zero_()
+        self.attach()
+
+    def nonfinite(self) -> Tensor:
+        """A 0-d bool tensor on the device: True when any gradient is NaN/inf (one pass over
+        the buffer, no host sync; the agreement reads it)."""
         return ~torch.isfinite(self.flat).all()
 
     def all_reduce_mean(self, world_size: int) -> None:
-        """Average the buffer across ranks, in place."""
-        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)
+        """Average the buffer across ranks, in place (NCCL averages in the collective)."""
+        if dist.get_backend() == dist.Backend.NCCL:
+            dist.all_reduce(self.flat, op=dist.ReduceOp.AVG)
+            return
+        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)  # gloo has no AVG
         self.flat /= world_size
-
-    def unpack(self) -> Tensor:
-        """Point each parameter's ``.grad`` at its averaged slice; return the averaged extras."""
-        offset = 0
-        for p, n in zip(self.params, self.sizes, strict=True):
-            p.grad = self.flat[offset : offset + n].view_as(p)
-            offset += n
-        return self.extras.clone()

@@ -1,13 +1,23 @@
 """The training loop: each step's fallible work sits before one of two agreements.
 
-A step, on every rank, on every path::
+A step, on every rank, on every path (``training.oom_policy: skip``, the default)::
 
-    forward, backward, pack gradients  (guarded: OOM -> a flag; NaN/inf -> a flag)
+    forward, backward of each micro-batch  (guarded: OOM -> a flag; NaN/inf -> a flag)
     heartbeat; agree_local              (OOM, non-finite, rank 0's failed save, SIGTERM)
     -- only if every rank is clean --
-    gradient all-reduce (in the flat buffer allocated at start)
-    unpack, clip, optimizer, scheduler (guarded: OOM -> a status)
+    gradient all-reduce (in place, in the flat buffer the gradients live in)
+    clip, optimizer, scheduler          (guarded: OOM -> a status)
     agree_update                       (DONE / OOM before the optimizer / OOM inside it)
+
+With ``accum_steps: N`` the first line runs N times under ``no_sync`` and the rest once:
+one agreement covers every micro-batch, and a skipped step skips all N.
+
+With ``oom_policy: fail`` the backward of the last micro-batch runs with DDP's own bucketed
+all-reduce, overlapped with the backward, so there is no status exchange before the
+gradients travel and an out-of-memory error ends the run instead (the rank exits; the
+others fail at that collective within ``distributed.collective_timeout_s``, or at once
+when its connections close). The one agreement left runs after the backward (non-finite,
+failed save, SIGTERM); an OOM in the update also ends the run, so there is no second one.
 
 Why two points and pre-allocation rather than one point: the all-reduce must come
 after the first agreement (a rank that failed has no gradients to send), and the update
@@ -26,6 +36,10 @@ rank's shard.
 Non-finite averaged gradients need no check of their own: every rank's local gradients
 were checked before the all-reduce, and the average of finite values is finite (an
 overflowing norm makes ``clip_grad_norm_`` scale by zero, never by NaN).
+
+Host syncs per step: each agreement reads its table on the host (the branch that follows
+needs it), so ``skip`` has two and ``fail`` one; the losses logged every ``log_every``
+steps come from the first table, so logging adds none.
 """
 
 from __future__ import annotations
@@ -53,16 +67,21 @@ from ups.distributed.agreement import (
 from ups.distributed.env import DistEnv
 from ups.distributed.lifecycle import set_collective_timeout
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
+from ups.train.amp import is_overflow, make_scaler, scaler_forget_step, scaler_overflow
 from ups.train.checkpoint import CheckpointSaveFailed
 from ups.train.failures import RunFailed, TooManySkips, nonfinite_failure
 from ups.train.faults import FaultInjector
-from ups.train.metrics import rel_l2
+from ups.train.local import LocalStep
 from ups.train.signals import StopFlag
 from ups.train.strategy import Strategy
 from ups.train.tracking import Tracker
 
 log = structlog.get_logger()
 Batch = dict[str, tuple[Tensor, Tensor, Tensor]]
+
+
+class OutOfMemoryFail(RuntimeError):
+    """Out of memory under ``training.oom_policy: fail``: this rank exits with this error."""
 
 
 @dataclass(kw_only=True)
@@ -155,16 +174,22 @@ class Trainer:
         self.injector, self.tracker, self.stop = injector, tracker, stop
         self.checkpoint_dir = checkpoint_dir
         self.state = state
-        self.latents = latents
-        """Cached encoder outputs per task, indexed like the training dataset (cache.enabled)."""
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.tasks = [t.name for t in cfg.tasks]
-        self.weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
         self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
         """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
-        self.grads = strategy.grad_buffer(self.params, n_extras=len(self.tasks))
+        self.fail_on_oom = cfg.training.oom_policy == "fail"
+        """DDP all-reduces during the backward; an OOM ends the run (no agreement first)."""
+        self.scaler = make_scaler(cfg.training.precision, device)
+        self.compiled = False
+        """``torch.compile`` ran (set by ``ups.train.compile.compile_check``)."""
         materialize_optimizer_state(optimizer)
+        self.grads = None if self.fail_on_oom else strategy.grad_buffer(self.params)
+        """``oom_policy: skip``: the gradients' own buffer; under ``fail`` DDP's buckets are."""
+        self.local = LocalStep(cfg=cfg, device=device, strategy=strategy, injector=injector,
+                               scaler=self.scaler, params=self.params, grads=self.grads,
+                               latents=latents)  # fmt: skip
         self.save_error: CheckpointSaveFailed | None = None
         """Rank 0's last failed save, reported at the next agreement."""
         self._tight_timeout = False
@@ -177,6 +202,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "train_state": self.state.as_dict(),
             "rng_cpu": torch.get_rng_state(),
+            **({"scaler": self.scaler.state_dict()} if self.scaler is not None else {}),
             **self.checkpoint_extra(),
         }
 
@@ -252,9 +278,9 @@ class Trainer:
         return "finished"
 
     def train_step(self, batch: Batch, epoch: int) -> LocalVerdict:
-        """One step on every rank: local forward/backward, then the agreements every rank
-        joins (skip or stop on any rank's out-of-memory, non-finite loss, failed save or
-        signal), then the update.
+        """One optimizer step on every rank: local forward/backward of every micro-batch,
+        then the agreements every rank joins (skip or stop on any rank's out-of-memory,
+        non-finite loss, failed save or signal), then the update.
 
         Returns the agreed verdict; ``state.step`` has advanced either way.
         """
@@ -266,21 +292,31 @@ class Trainer:
         if self.cfg.training.record_sample_ids:
             log.debug("batch_ids", ids={t: idx.tolist() for t, (_, _, idx) in batch.items()})
         self.strategy.begin_step()  # FSDP's all-gather: a collective, so before any fault point
+        if self.grads is not None:
+            self.grads.attach()
         try:
             self.injector.fire(step)
-            losses = self._forward_backward(batch, step)
+            if self.fail_on_oom:  # the step's first collective is DDP's, inside the backward
+                heartbeat(self.env.rank, step)
+            losses = self.forward_backward(batch, step, sync=self.fail_on_oom)
             self.injector.fire(step, "pack")
-            nonfinite = self.grads.pack(losses.detach())
+            nonfinite = self.local.nonfinite(losses)
         except torch.OutOfMemoryError as exc:
+            if self.fail_on_oom:
+                raise self._oom_fail(exc) from exc
             # Local clean-up only: the other ranks learn about it at the agreement below.
             oom_reason = str(exc).splitlines()[0]
             losses, nonfinite = None, False
             self._free_memory()
-        heartbeat(self.env.rank, step)
+        if not self.fail_on_oom:
+            heartbeat(self.env.rank, step)
         verdict = self._agree(oom=oom_reason is not None, nonfinite=nonfinite, losses=losses)
         if verdict.save_failed:
             raise self._save_failure()
-        if verdict.nonfinite_ranks and self.cfg.training.nonfinite == "fail":
+        overflow = not verdict.oom_ranks and is_overflow(
+            self.scaler, verdict.nonfinite_ranks, verdict.losses
+        )
+        if verdict.nonfinite_ranks and not overflow and self.cfg.training.nonfinite == "fail":
             raise nonfinite_failure(
                 step,
                 verdict.nonfinite_ranks,
@@ -290,11 +326,14 @@ class Trainer:
                 grad_clip=self.cfg.training.grad_clip,
             )
         if verdict.clean:
-            self.grads.all_reduce_mean(self.env.world_size)
-            self._apply_update(batch, epoch, started)
+            if self.grads is not None:
+                self.grads.all_reduce_mean(self.env.world_size)
+            self._apply_update(batch, epoch, started, verdict)
+        elif overflow:
+            self._overflow_skip(verdict)
         else:
             self._skip(verdict, oom_reason)
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grads()
         if not self._tight_timeout:
             # The first step of every attempt (fresh or resumed) may be slow; later ones not.
             set_collective_timeout(self.cfg.distributed.collective_timeout_s)
@@ -315,53 +354,52 @@ class Trainer:
             device=self.device,
         )
 
-    def _forward_backward(self, batch: Batch, step: int) -> Tensor:
-        self.injector.fire(step, "forward")
-        inputs = {task: x.to(self.device) for task, (x, _, _) in batch.items()}
-        latents = None
-        if self.latents is not None:
-            latents = {t: self.latents[t][idx].to(self.device) for t, (_, _, idx) in batch.items()}
-        # Gradients stay local (DDP's no_sync, FSDP's sync off) until every rank agreed.
-        with self.strategy.local_backward():
-            preds = self.model(inputs, latents)
-            losses = torch.stack(
-                [rel_l2(preds[t], batch[t][1].to(self.device)).mean() for t in batch]
-            )
-            losses = self.injector.corrupt(step, losses)
-            loss = (self.weights * losses).sum() / self.weights.sum()
-            self.injector.fire(step, "backward")
-            loss.backward()  # type: ignore[no-untyped-call]  # unannotated in torch
-        return losses
+    def forward_backward(self, batch: Batch, step: int, *, sync: bool) -> Tensor:
+        """The local work of a step (``ups.train.local``): this rank's per-task losses."""
+        return self.local.run(batch, step, sync=sync)
 
-    def _update(self, step: int) -> tuple[Update, Tensor | None]:
-        """Unpack, clip, optimizer and scheduler step; an OOM becomes a status, not a raise."""
+    def _update(self, step: int) -> Update:
+        """Clip, optimizer and scheduler step; an OOM becomes a status, not a raise (under
+        ``oom_policy: fail`` it ends the run)."""
         in_step = False
         try:
             self.injector.fire(step, "clip")
-            mean_losses = self.grads.unpack()
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
             if self.cfg.training.grad_clip > 0:
                 self.strategy.clip(self.params, self.cfg.training.grad_clip)
             in_step = True
             self.injector.fire(step, "optimizer")
-            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # the agreement found no overflow: it steps
+                self.scaler.update()
+            else:
+                self.optimizer.step()
             self.injector.fire(step, "scheduler")
             self.scheduler.step()
         except torch.OutOfMemoryError as exc:
+            if self.fail_on_oom:
+                raise self._oom_fail(exc) from exc
             log.warning("update_oom", error=str(exc).splitlines()[0], in_optimizer=in_step)
             self._free_memory()
-            return (Update.OOM_IN_STEP if in_step else Update.OOM_BEFORE_STEP), None
-        return Update.DONE, mean_losses
+            return Update.OOM_IN_STEP if in_step else Update.OOM_BEFORE_STEP
+        return Update.DONE
 
-    def _apply_update(self, batch: Batch, epoch: int, started: float) -> None:
-        status, mean_losses = self._update(self.state.step)
+    def _apply_update(self, batch: Batch, epoch: int, started: float, local: LocalVerdict) -> None:
+        status = self._update(self.state.step)
+        ranks = range(self.env.world_size)
+        mean_losses = [
+            math.fsum(local.losses[r][i] for r in ranks) / len(ranks)
+            for i in range(len(self.tasks))
+        ]
+        if self.fail_on_oom:  # an OOM in the update raised: every rank that got here is DONE
+            self._count_update(batch, mean_losses, epoch, started)
+            return
         verdict = agree_update(
             status, rank=self.env.rank, world_size=self.env.world_size, device=self.device
         )
         if verdict.applied:
-            assert mean_losses is not None  # this rank's update completed
-            self.state.updates += 1
-            self.state.consecutive_skips = 0
-            self._log_progress(batch, mean_losses, epoch, time.perf_counter() - started)
+            self._count_update(batch, mean_losses, epoch, started)
             return
         oom_ranks = verdict.ranks(Update.OOM_BEFORE_STEP, Update.OOM_IN_STEP)
         source = verdict.source
@@ -388,17 +426,59 @@ class Trainer:
             nonfinite_ranks=[],
         )
 
+    def _count_update(self, batch: Batch, losses: list[float], epoch: int, started: float) -> None:
+        self.state.updates += 1
+        self.state.consecutive_skips = 0
+        self._log_progress(batch, losses, epoch, time.perf_counter() - started)
+
+    def _oom_fail(self, exc: torch.OutOfMemoryError) -> OutOfMemoryFail:
+        return OutOfMemoryFail(
+            f"out of memory on rank {self.env.rank} at step {self.state.step} with "
+            "training.oom_policy=fail; lower training.batch_size (raise accum_steps to keep "
+            f"the step's samples) or set oom_policy=skip ({str(exc).splitlines()[0][:80]})"
+        )
+
+    def _overflow_skip(self, verdict: LocalVerdict) -> None:
+        """fp16 gradients overflowed on some rank: every rank backs the loss scale off."""
+        assert self.scaler is not None  # is_overflow is only true with a scaler
+        grads = [p.grad for p in self.params if p.grad is not None]
+        scale = scaler_overflow(self.scaler, self.optimizer, grads)
+        if scale < 1.0:  # overflow even unscaled: a divergence, counted like any other skip
+            self._skip(verdict, None)
+            return
+        # Above 1 it is the scaler finding its range: not counted against the skip limit.
+        self.state.skipped += 1
+        log.info(
+            "step_skipped",
+            oom_ranks=[],
+            nonfinite_ranks=list(verdict.nonfinite_ranks),
+            reason=f"fp16 gradient overflow; loss scale now {scale:g}",
+            consecutive=self.state.consecutive_skips,
+        )
+
     def _sync_scheduler(self, source: int) -> None:
-        state: list[Any] = [self.scheduler.state_dict()]
+        scaler = self.scaler.state_dict() if self.scaler is not None else None
+        state: list[Any] = [self.scheduler.state_dict(), scaler]
         dist.broadcast_object_list(state, src=source)
         self.scheduler.load_state_dict(state[0])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state[1])
         for group, lr in zip(
             self.optimizer.param_groups, self.scheduler.get_last_lr(), strict=True
         ):
             group["lr"] = lr
 
+    def _zero_grads(self) -> None:
+        """Clear the gradients in place: they stay views of the buffer the all-reduce runs
+        in (ours under ``skip``, DDP's buckets under ``fail``), so nothing is reallocated."""
+        if self.grads is not None:
+            self.grads.zero()
+        else:
+            self.optimizer.zero_grad(set_to_none=False)
+
     def _free_memory(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grads()
+        scaler_forget_step(self.scaler)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -452,17 +532,20 @@ class Trainer:
                 f"{self.cfg.training.max_consecutive_skips}); {fix}"
             )
 
-    def _log_progress(self, batch: Batch, losses: Tensor, epoch: int, seconds: float) -> None:
+    def _log_progress(self, batch: Batch, losses: list[float], epoch: int, seconds: float) -> None:
         step = self.state.step
         if step % self.cfg.training.log_every and step != self.total_steps - 1:
             return
-        per_task = dict(zip(batch, losses.tolist(), strict=True))
+        per_task = dict(zip(self.tasks, losses, strict=True))
+        # The whole step batch: accum_steps micro-batches on every rank.
         samples = sum(len(x) for x, _, _ in batch.values()) * self.env.world_size
+        weights = [t.weight for t in self.cfg.tasks]
         metrics = {
-            "train/loss": float((self.weights * losses).sum() / self.weights.sum()),
+            "train/loss": math.fsum(w * v for w, v in zip(weights, losses, strict=True))
+            / math.fsum(weights),
             **{f"train/{task}/rel_l2": value for task, value in per_task.items()},
             "train/samples_per_s": samples / seconds,
-            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/lr": float(self.scheduler.get_last_lr()[0]),
             "train/epoch": float(epoch),
         }
         if self.env.is_rank0:

@@ -20,6 +20,7 @@ from ups.distributed.env import read_dist_env
 from ups.log import get_logger, setup_logging
 from ups.model import model_problems
 from ups.outcome import EXIT_CONFIG
+from ups.train.amp import precision_problems
 from ups.train.cache import cache_problems
 from ups.train.faults import ENV_VAR, parse_faults
 from ups.train.run import task_shapes, train
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             problems = model_problems(task_shapes(infos), cfg.model)
         if cfg.cache.enabled:
             problems += cache_problems(cfg, infos)
+        problems += precision_problems(cfg)
         if problems:
             raise ConfigError(args.config, problems)
     except (ConfigError, DataError, ValueError) as exc:

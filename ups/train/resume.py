@@ -26,11 +26,18 @@ HEAD_BYTES = 1 << 20
 _NOT_MATH = {
     "training": {"epochs", "max_steps", "num_workers", "log_every", "eval_batch_size",
                  "record_sample_ids", "batch_size", "max_consecutive_skips", "strategy",
-                 "prefetch_factor", "pin_memory", "persistent_workers"},
+                 "prefetch_factor", "pin_memory", "persistent_workers", "accum_steps",
+                 "compile", "oom_policy"},
 }  # fmt: skip
 """Fields that do not change an update: run length (extending a run is the usual reason to
-resume), logging, loader processes. ``batch_size`` is its own group; ``strategy`` is a fact
-of its own that no resume may change (the checkpoint formats differ)."""
+resume), logging, loader processes, compiling, what an OOM does. ``batch_size`` and
+``accum_steps`` (samples per optimizer step) are the ``batch`` group; ``strategy`` is a
+fact of its own that no resume may change (the checkpoint formats differ)."""
+
+
+_ADDED = {"training.precision": "fp32"}
+"""Math fields added after checkpoints first recorded their config: what a checkpoint
+without the field was trained with."""
 
 
 class ResumeRefused(ValueError):
@@ -64,7 +71,8 @@ def run_facts(cfg: Config, world_size: int) -> dict[str, Any]:
         "strategy": cfg.training.strategy,
         "world_size": world_size,
         "batch_size": cfg.training.batch_size,
-        "global_batch": cfg.training.batch_size * world_size,
+        "accum_steps": cfg.training.accum_steps,
+        "global_batch": cfg.training.batch_size * cfg.training.accum_steps * world_size,
         "config": math,
         "config_digest": hashlib.sha256(json.dumps(math, sort_keys=True).encode()).hexdigest(),
         "torch": str(torch.__version__),  # TorchVersion would not load with weights_only
@@ -95,9 +103,11 @@ def differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, list[st
     note("strategy", "training.strategy", saved.get("strategy", "ddp"), now.get("strategy", "ddp"))
     note("world_size", "world size", saved["world_size"], now["world_size"])
     note("batch", "per-rank batch", saved["batch_size"], now["batch_size"])
+    note("batch", "accumulation steps", saved.get("accum_steps", 1), now.get("accum_steps", 1))
     old_cfg, new_cfg = _flat("", saved["config"]), _flat("", now["config"])
     for key in sorted(old_cfg.keys() | new_cfg.keys()):
-        note("config", key, old_cfg.get(key, "(unset)"), new_cfg.get(key, "(unset)"))
+        old = old_cfg.get(key, _ADDED.get(key, "(unset)"))
+        note("config", key, old, new_cfg.get(key, "(unset)"))
     note("torch", "torch", saved["torch"], now["torch"])
     for task in sorted(saved["data"].keys() | now["data"].keys()):
         old, new = saved["data"].get(task), now["data"].get(task)

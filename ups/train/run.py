@@ -16,7 +16,12 @@ import yaml
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
-from ups.distributed.agreement import publish_whereabouts, stuck_ranks
+from ups.distributed.agreement import (
+    publish_failure,
+    publish_whereabouts,
+    published_failures,
+    stuck_ranks,
+)
 from ups.distributed.env import DistEnv
 from ups.distributed.lifecycle import (
     init_distributed,
@@ -36,6 +41,7 @@ from ups.outcome import (
 )
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.cache import load_cache
+from ups.train.compile import compile_check, compile_model
 from ups.train.evaluate import evaluate
 from ups.train.failures import RunFailed, nonfinite_metrics
 from ups.train.faults import FaultInjector
@@ -109,7 +115,10 @@ def build_trainer(
     (``training.strategy``), optimizer and schedule."""
     model = make_model(cfg, infos)
     latents = load_cache(cfg, infos, model) if cfg.cache.enabled else None
-    strategy = make_strategy(cfg.training.strategy, model.to(device), device, env)
+    model = model.to(device)
+    if cfg.training.compile:
+        compile_model(model)
+    strategy = make_strategy(cfg.training, model, device, env)
     optimizer = torch.optim.AdamW(  # after wrapping: FSDP replaces the parameters by shards
         [p for p in strategy.model.parameters() if p.requires_grad],
         lr=cfg.training.lr,
@@ -138,6 +147,17 @@ def params_digest(weights: dict[str, torch.Tensor]) -> str:
     for tensor in weights.values():
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
+
+
+def training_setup(trainer: Trainer) -> dict[str, Any]:
+    """How the run trains, for ``train_start`` and the outcome (``training``)."""
+    t = trainer.cfg.training
+    return {
+        "precision": t.precision,
+        "compiled": trainer.compiled,
+        "accum_steps": t.accum_steps,
+        "oom_policy": t.oom_policy,
+    }
 
 
 def _agree_run_id(cfg: Config, env: DistEnv) -> str:
@@ -207,6 +227,8 @@ def _resume(trainer: Trainer, cfg: Config, env: DistEnv, ckpt_dir: Path) -> dict
     path, state, notes = found[0]
     trainer.strategy.load(Path(path), state, trainer.optimizer)
     trainer.scheduler.load_state_dict(state["scheduler"])
+    if trainer.scaler is not None and "scaler" in state:
+        trainer.scaler.load_state_dict(state["scaler"])
     trainer.state = TrainState(**state["train_state"])
     torch.set_rng_state(state["rng_cpu"])
     if (warning := restore_rng(state)) is not None:
@@ -259,6 +281,10 @@ def _failure(
             )
         else:
             reason = f"a peer rank died at step {step} (rank {env.rank} saw: {text})"
+            told = {r: t for r, t in published_failures(env.world_size).items() if r != env.rank}
+            if told:  # the peer said why before it exited (e.g. oom_policy=fail)
+                failed_rank, said = min(told.items())
+                reason, cause = f"rank {failed_rank} failed at step {step}: {said}", "exception"
     return Outcome(
         run_id=run_id,
         outcome="failed",
@@ -296,6 +322,7 @@ class _Run:
         self.run_dir: Path | None = None
         self.trainer: Trainer | None = None
         self.resumed_from: dict[str, Any] | None = None
+        self.training: dict[str, Any] | None = None
         self.enter("init")
 
     def enter(self, phase: str) -> None:
@@ -307,7 +334,9 @@ class _Run:
         return self.trainer.state.step if self.trainer is not None else None
 
     def stamp(self, outcome: Outcome) -> Outcome:
-        return dataclasses.replace(outcome, phase=self.phase, resumed_from=self.resumed_from)
+        return dataclasses.replace(
+            outcome, phase=self.phase, resumed_from=self.resumed_from, training=self.training
+        )
 
 
 def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFlag) -> int:
@@ -330,7 +359,10 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         outcome = _failure(exc, cfg, env, run.step, run.run_id)
     except BaseException as exc:
         log.error("rank_failed", exc_info=True, error=f"{type(exc).__name__}: {exc}")
-        _finish(run.stamp(_failure(exc, cfg, env, run.step, run.run_id)), env, run.run_dir, tracker)
+        failure = _failure(exc, cfg, env, run.step, run.run_id)
+        if failure.cause == "exception" and failure.failed_rank == env.rank:
+            publish_failure(env.rank, failure.reason.split(": ", 1)[-1])
+        _finish(run.stamp(failure), env, run.run_dir, tracker)
         raise
     _finish(run.stamp(outcome), env, run.run_dir, tracker)
     if outcome.outcome != "preempted":  # a preempted worker exits while torchrun stops it
@@ -358,7 +390,7 @@ def _build(
     loader = build_loader(
         list(cfg.tasks),
         infos,
-        batch_size=t.batch_size,
+        batch_size=t.batch_size * t.accum_steps,  # one optimizer step
         num_workers=t.num_workers,
         rank=env.rank,
         world_size=env.world_size,
@@ -374,12 +406,18 @@ def _build(
         checkpoint_dir=checkpoints, injector=injector,
     )  # fmt: skip
     run.resumed_from = _resume(run.trainer, cfg, env, checkpoints)
+    if cfg.training.compile:
+        run.enter("compile")
+        loader.set_epoch(0)
+        compile_check(run.trainer, next(iter(loader)))
+    run.training = training_setup(run.trainer)
     log.info(
         "train_start",
         steps=run.trainer.total_steps,
         from_step=run.trainer.state.step,
         steps_per_epoch=loader.steps_per_epoch,
         device=str(device),
+        **run.training,
     )
     return run.trainer
 
@@ -418,7 +456,10 @@ def _train_and_evaluate(
             cause="preempted",
         )
     run.enter("evaluation")
-    metrics = evaluate(trainer.strategy.for_eval(), cfg, infos, env, device)
+    # Eager even when compiled: one pass over the test split is not worth a new graph per
+    # task and batch shape (compiling them would take longer than the evaluation).
+    with torch.compiler.set_stance("force_eager"):
+        metrics = evaluate(trainer.strategy.for_eval(), cfg, infos, env, device)
     tracker.summary(metrics)
     log.info("eval", **metrics)
     if (bad := nonfinite_metrics(metrics)) is not None:

@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from ups.config.schema import TrainingConfig
 from ups.distributed.agreement import broadcast_replica
 from ups.distributed.env import DistEnv
 from ups.distributed.fsdp import ShardedGrads, StepGather, shard_model
@@ -36,11 +37,20 @@ from ups.train.sharded import latest_good_sharded, load_shards, save_sharded
 
 
 class Grads(Protocol):
-    """The flat gradient buffer of a step (``GradBuffer`` or ``ShardedGrads``)."""
+    """Where a step's gradients go and how they are reduced (``GradBuffer`` for DDP under
+    ``oom_policy: skip``, ``ShardedGrads`` for FSDP)."""
 
-    def pack(self, extras: Tensor) -> Tensor: ...
-    def all_reduce_mean(self, world_size: int) -> None: ...
-    def unpack(self) -> Tensor: ...
+    def attach(self) -> None:
+        """At the start of a step, before the backward."""
+
+    def nonfinite(self) -> Tensor:
+        """After the local backward: a 0-d bool tensor, True when a gradient is NaN/inf."""
+
+    def all_reduce_mean(self, world_size: int) -> None:
+        """After the agreement, only when every rank is clean: the averaged gradients."""
+
+    def zero(self) -> None:
+        """After the step: clear the gradients for the next one."""
 
 
 class Strategy(Protocol):
@@ -54,7 +64,7 @@ class Strategy(Protocol):
     def local_backward(self) -> AbstractContextManager[None]:
         """Forward and backward inside this run no collective."""
 
-    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads: ...
+    def grad_buffer(self, params: Sequence[Tensor]) -> Grads: ...
     def clip(self, params: Sequence[Tensor], max_norm: float) -> None: ...
     def repair(
         self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer, source: int, step: int
@@ -86,12 +96,17 @@ class DDPStrategy:
 
     name: Literal["ddp", "fsdp"] = "ddp"
 
-    def __init__(self, model: LatentOperator, device: torch.device, env: DistEnv) -> None:
+    def __init__(
+        self, model: LatentOperator, device: torch.device, env: DistEnv, *, bucket_view: bool
+    ) -> None:
         self.module, self.env = model, env
         self.ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
             forward_sync_buffers=False,  # no collective in forward: ups.distributed.agreement
+            # oom_policy fail: DDP's buckets hold the gradients (no copy in and out of them);
+            # skip: the trainer's GradBuffer does, and DDP never syncs (no_sync).
+            gradient_as_bucket_view=bucket_view,
         )
         self.model: nn.Module = self.ddp
 
@@ -101,8 +116,8 @@ class DDPStrategy:
     def local_backward(self) -> AbstractContextManager[None]:
         return self.ddp.no_sync()
 
-    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads:
-        return GradBuffer(params, n_extras)
+    def grad_buffer(self, params: Sequence[Tensor]) -> Grads:
+        return GradBuffer(params)
 
     def clip(self, params: Sequence[Tensor], max_norm: float) -> None:
         nn.utils.clip_grad_norm_(params, max_norm)
@@ -154,8 +169,8 @@ class FSDPStrategy:
     def local_backward(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()  # gradient sync is off for good (shard_model)
 
-    def grad_buffer(self, params: Sequence[Tensor], n_extras: int) -> Grads:
-        self.grads = ShardedGrads(self.sharded, n_extras, self.env.rank, self.env.world_size)
+    def grad_buffer(self, params: Sequence[Tensor]) -> Grads:
+        self.grads = ShardedGrads(self.sharded, self.env.rank, self.env.world_size)
         return self.grads
 
     def clip(self, params: Sequence[Tensor], max_norm: float) -> None:
@@ -214,9 +229,9 @@ class FSDPStrategy:
 
 
 def make_strategy(
-    name: Literal["ddp", "fsdp"], model: LatentOperator, device: torch.device, env: DistEnv
+    training: TrainingConfig, model: LatentOperator, device: torch.device, env: DistEnv
 ) -> Strategy:
     """The strategy ``training.strategy`` names, wrapping ``model`` (already on ``device``)."""
-    if name == "fsdp":
+    if training.strategy == "fsdp":
         return FSDPStrategy(model, device, env)
-    return DDPStrategy(model, device, env)
+    return DDPStrategy(model, device, env, bucket_view=training.oom_policy == "fail")

@@ -1,0 +1,243 @@
+"""ms per training step: the ups step vs a plain DDP step, side by side in the same ranks.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/bench_step.py                  # every case, 3 launches each
+    .venv/bin/python benchmarks/bench_step.py --steps 15 --repeats 3 --cases ddp:demo:fp32
+
+For each case (strategy, model size, precision) it launches ``--repeats`` torchrun jobs
+(2 ranks, gloo, one thread each). Every rank builds, from one seed and the same config,
+
+- **ups skip**: the real trainer (``Trainer.train_step``, ``oom_policy: skip``): local
+  backward into the gradient buffer, status exchange, in-place all-reduce, update, second
+  status exchange;
+- **ups fail**: the real trainer with ``oom_policy: fail``: DDP's overlapped bucketed
+  all-reduce, one status exchange;
+- **plain**: a plain DDP loop on the same model and batches (forward under the same
+  autocast, backward with DDP's all-reduce, clip, AdamW, scheduler; no checks);
+
+holds ``--warmup + --steps`` batches in memory, and runs every variant on each batch in
+turn, rotating which goes first (ABC, BCA, CAB, ...), so load from other jobs hits all
+alike. It also times the agreement alone (both status exchanges, no step). Reported: the
+median ms/step of each variant, the median of per-batch ratios ups/plain, and the spread
+(min-max) of those over the launches. A strategy is one field of a case: another (e.g.
+``fsdp``) is one more entry in :data:`STRATEGIES` (its config overrides) and, where its
+plain loop wraps the model differently, one more branch where the worker builds "plain".
+
+Results: stdout, ``benchmarks/results/step-cpu.txt`` and ``.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).resolve()
+sys.path.insert(0, str(REPO))
+
+from ups import jsonio  # noqa: E402  # after the path insert: run as a script
+
+SIZES = {
+    "demo": [],  # configs/demo.yaml: latent 64, depth 2 (115k parameters)
+    "12x": ["model.latent_dim=192", "model.depth=3"],  # 1.38M parameters
+}
+PRECISIONS = {"fp32": ["training.precision=fp32"], "bf16": ["training.precision=bf16"]}
+STRATEGIES: dict[str, list[str]] = {"ddp": []}
+"""Config overrides per strategy; the variants a worker times come from ``VARIANTS``."""
+VARIANTS = ("ups skip", "ups fail", "plain")
+
+
+def _plain_step(ddp: Any, optimizer: Any, scheduler: Any, cfg: Any, device: Any) -> Callable:
+    """A plain DDP training step: what a hand-written loop does, with no guarantees."""
+    import torch
+    from torch import nn
+
+    from ups.train.amp import autocast
+    from ups.train.metrics import rel_l2
+
+    weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
+
+    def step(batch: Any) -> None:
+        inputs = {t: x.to(device) for t, (x, _, _) in batch.items()}
+        with autocast(cfg.training.precision, device):
+            preds = ddp(inputs)
+        losses = torch.stack(
+            [rel_l2(preds[t].float(), batch[t][1].to(device)).mean() for t in batch]
+        )
+        ((weights * losses).sum() / weights.sum()).backward()
+        nn.utils.clip_grad_norm_(ddp.parameters(), cfg.training.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def worker(out: Path, config: Path, steps: int, warmup: int, overrides: list[str]) -> None:
+    """One rank: build the three variants, time them on the same batches, write rank0.json."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ups.config import load_config
+    from ups.data.loader import build_loader
+    from ups.data.pdebench import inspect_task
+    from ups.distributed.agreement import Update, agree_local, agree_update
+    from ups.distributed.env import read_dist_env
+    from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+    from ups.log import setup_logging
+    from ups.train.loop import lr_schedule
+    from ups.train.run import build_trainer, make_model
+    from ups.train.signals import StopFlag
+    from ups.train.tracking import Tracker
+
+    env = read_dist_env()
+    setup_logging(rank=env.rank, stdout=open(os.devnull, "w"))  # noqa: SIM115  # process-long
+    cfg = load_config(config, overrides)
+    infos = {task.name: inspect_task(task) for task in cfg.tasks}
+    device = init_distributed(env, cfg.distributed)
+    loader = build_loader(list(cfg.tasks), infos, batch_size=cfg.training.batch_size,
+                          num_workers=0, rank=env.rank, world_size=env.world_size,
+                          seed=0)  # fmt: skip
+    loader.set_epoch(0)
+    batches = [b for _, b in zip(range(warmup + steps), loader, strict=False)]
+    run: dict[str, Callable[[Any], Any]] = {}
+    for policy in ("skip", "fail"):
+        torch.manual_seed(0)
+        variant = load_config(config, [*overrides, f"training.oom_policy={policy}"])
+        trainer = build_trainer(variant, env, infos, device, loader=loader, tracker=Tracker(),
+                                stop=StopFlag(), checkpoint_dir=out / "unused")  # fmt: skip
+        run[f"ups {policy}"] = lambda b, t=trainer: t.train_step(b, epoch=0)
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(make_model(cfg, infos).to(device))
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=cfg.training.lr)
+    scheduler = lr_schedule(optimizer, cfg, 10**6)
+    run["plain"] = _plain_step(ddp, optimizer, scheduler, cfg, device)
+
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for i, batch in enumerate(batches):
+        order = VARIANTS[i % 3 :] + VARIANTS[: i % 3]
+        for name in order:
+            t0 = time.perf_counter()
+            run[name](batch)
+            if i >= warmup:
+                times[name].append(1000 * (time.perf_counter() - t0))
+    agreement = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        agree_local(oom=False, nonfinite=torch.tensor(False), losses=torch.zeros(2), n_tasks=2,
+                    save_failed=False, stop=False, rank=env.rank, world_size=env.world_size,
+                    device=device)  # fmt: skip
+        agree_update(Update.DONE, rank=env.rank, world_size=env.world_size, device=device)
+        agreement.append(1000 * (time.perf_counter() - t0))
+    shutdown_distributed()
+    if env.rank == 0:
+        (out / "rank0.json").write_text(jsonio.dumps({**times, "agreement": agreement}))
+
+
+def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    strategy, size, precision = name.split(":")
+    sets = [*STRATEGIES[strategy], *SIZES[size], *PRECISIONS[precision]]
+    sets += ["wandb.mode=disabled", "distributed.backend=gloo", "training.log_every=1000000"]
+    sets += [f"training.max_steps={10 * (args.steps + args.warmup)}"]
+    drop = ("WANDB_", "UPS_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update({"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    tries = []
+    for i in range(args.repeats):
+        out = work / f"{name.replace(':', '-')}-{i}"
+        out.mkdir(parents=True)
+        print(f"running: {name} (try {i + 1}/{args.repeats})", flush=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "--monitor-interval=0.2", str(SCRIPT), "--worker", str(out),
+               str(config), str(args.steps), str(args.warmup), *sets]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+        data = json.loads((out / "rank0.json").read_text())
+        tries.append(
+            {
+                **{f"{v} ms": statistics.median(data[v]) for v in VARIANTS},
+                **{f"{v} / plain": statistics.median(
+                    a / b for a, b in zip(data[v], data["plain"], strict=True)
+                ) for v in VARIANTS[:2]},
+                "agreement ms": statistics.median(data["agreement"]),
+            }
+        )  # fmt: skip
+    return {"case": name, "strategy": strategy, "size": size, "precision": precision,
+            "tries": tries}  # fmt: skip
+
+
+def _table(results: list[dict[str, Any]]) -> list[str]:
+    def cell(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
+        values = [r[key] for r in rows]
+        med = statistics.median(values)
+        return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+    lines = [
+        "| strategy | model | precision | ups skip ms | ups fail ms | plain ms "
+        "| ups skip / plain | ups fail / plain | agreement ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        t = r["tries"]
+        lines.append(
+            f"| {r['strategy']} | {r['size']} | {r['precision']} | {cell(t, 'ups skip ms', '.1f')} "
+            f"| {cell(t, 'ups fail ms', '.1f')} | {cell(t, 'plain ms', '.1f')} "
+            f"| {cell(t, 'ups skip / plain', '.3f')} | {cell(t, 'ups fail / plain', '.3f')} "
+            f"| {cell(t, 'agreement ms', '.2f')} |"
+        )
+    return lines
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        out, config, steps, warmup, *sets = sys.argv[2:]
+        worker(Path(out), Path(config), int(steps), int(warmup), sets)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
+    parser.add_argument("--steps", type=int, default=15, help="timed steps per variant per try")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="torchrun launches per case")
+    everything = [f"{s}:{m}:{p}" for s in STRATEGIES for m in SIZES for p in PRECISIONS]
+    parser.add_argument("--cases", nargs="+", default=everything, help="strategy:size:precision")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "step-cpu")
+    args = parser.parse_args()
+    if not (REPO / "data" / "demo").is_dir():
+        subprocess.run([str(REPO / ".venv" / "bin" / "ups"), "data", "synth"], check=True, cwd=REPO)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
+        results = [_case(name, args.config, args, Path(tmp)) for name in args.cases]
+    import torch
+
+    head = [
+        f"ups step vs plain DDP step, CPU/gloo - {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
+        f"cores shared with other jobs (load average at start {load}); 2 ranks x 1 thread; "
+        f"{args.steps} steps per variant per try after {args.warmup} warm-up, rotating order; "
+        f"{args.repeats} tries per case; each cell: median over tries (min-max)",
+        f"command: .venv/bin/python benchmarks/bench_step.py --steps {args.steps} "
+        f"--warmup {args.warmup} --repeats {args.repeats}",
+        "",
+    ]
+    text = "\n".join([*head, *_table(results)]) + "\n"
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".txt").write_text(text)
+    args.out.with_suffix(".json").write_text(jsonio.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
