@@ -209,3 +209,54 @@ def test_resume_refuses_another_strategy_and_an_fsdp_world_size_change() -> None
     assert "world size 2 -> 4" in str(err.value) and "cannot change" in str(err.value)
     assert "--allow-resume-change" not in str(err.value)
     assert check_resume(ddp, {**ddp, "world_size": 4, "global_batch": 32}, every, "ckpt")
+
+
+@pytest.mark.slow
+def test_fsdp_with_accumulation_and_bf16_matches_ddp(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The strategy and the step's other options compose: fsdp with accum_steps 2 and bf16
+    autocast trains (the outcome records them) and ends with the same weights as DDP with
+    the same options (both reduce the same flat gradient), up to bf16 rounding."""
+    weights = {}
+    for strategy in ("ddp", "fsdp"):
+        cfg = make_config(
+            training={"max_steps": 4, "strategy": strategy, "accum_steps": 2,
+                      "precision": "bf16", "batch_size": 4},
+            run={"output_dir": str(tmp_path / strategy)},
+        )  # fmt: skip
+        result = torchrun(cfg)
+        assert result.returncode == 0, result.stderr[-3000:]
+        run_dir = only_run_dir(tmp_path / strategy)
+        outcome = read_outcome(run_dir)
+        assert outcome is not None and outcome.outcome == "finished", outcome
+        assert outcome.training is not None
+        facts = outcome.training
+        assert (facts["strategy"], facts["precision"], facts["accum_steps"]) == (
+            strategy,
+            "bf16",
+            2,
+        )
+        weights[strategy] = _export(run_dir)["model"]
+    assert weights["ddp"].keys() == weights["fsdp"].keys()
+    for name, ddp in weights["ddp"].items():
+        torch.testing.assert_close(weights["fsdp"][name], ddp, rtol=1e-2, atol=1e-3, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("option", "named"),
+    [({"oom_policy": "fail"}, "oom_policy=fail"), ({"compile": True}, "compile=true"),
+     ({"precision": "fp16"}, "precision=fp16")],
+)  # fmt: skip
+def test_fsdp_refuses_the_options_it_was_not_built_with(option: dict, named: str) -> None:
+    """fsdp with oom_policy fail, compile or fp16 is a config error naming the option and
+    what to use instead, not an untested run."""
+    from pydantic import ValidationError
+
+    from ups.config.schema import TrainingConfig
+
+    with pytest.raises(ValidationError) as raised:
+        TrainingConfig.model_validate({"strategy": "fsdp", **option})
+    text = str(raised.value)
+    assert f"training.{named}" in text and "strategy=ddp" in text, text
+    TrainingConfig.model_validate({"strategy": "ddp", **option})  # fine under ddp

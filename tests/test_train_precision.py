@@ -69,7 +69,8 @@ def test_bf16_run_trains_and_records_its_precision(
     outcome = strict_json(run_dir / "outcome.json")
     assert outcome["outcome"] == "finished"
     assert outcome["training"] == {
-        "precision": "bf16", "compiled": False, "accum_steps": 1, "oom_policy": "skip",
+        "strategy": "ddp", "precision": "bf16", "compiled": False, "accum_steps": 1,
+        "oom_policy": "skip",
     }  # fmt: skip
 
 

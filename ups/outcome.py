@@ -25,7 +25,8 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "attempts": [{...}, ...],        # one entry per torchrun attempt of this launch
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
       "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
-      "training": {"precision": "bf16", "compiled": true, "accum_steps": 4, "oom_policy": "skip"}
+      "training": {"strategy": "ddp", "precision": "bf16", "compiled": true,
+                   "accum_steps": 4, "oom_policy": "skip"}
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).

@@ -153,6 +153,7 @@ def training_setup(trainer: Trainer) -> dict[str, Any]:
     """How the run trains, for ``train_start`` and the outcome (``training``)."""
     t = trainer.cfg.training
     return {
+        "strategy": t.strategy,
         "precision": t.precision,
         "compiled": trainer.compiled,
         "accum_steps": t.accum_steps,
