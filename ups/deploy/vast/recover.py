@@ -82,6 +82,8 @@ class Monitor:
 
     def connect(self, target: Target) -> Connection:
         """``target.connect`` for the log follower; raises :class:`InstanceLost` once lost."""
+        if self._conns:
+            self.check()  # a reconnect: ask the API first, not after SSH retries time out
         if self.lost is None:
             try:
                 conn = target.connect()
