@@ -86,6 +86,8 @@ class FakeInstance:
     port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     billed_s: dict[str, float] = field(default_factory=lambda: {"running": 0.0, "stopped": 0.0})
+    seed: dict[str, str] = field(default_factory=dict)
+    """Files (relative to the disk's workspace) written before boot: test fault switches."""
     _since: float = field(default_factory=time.monotonic)
 
     @property
@@ -144,6 +146,9 @@ class FakeVast:
         self.switches = Switches()
         self.instances: dict[int, FakeInstance] = {}
         self.destroyed: dict[int, FakeInstance] = {}
+        self.vanished: dict[int, FakeInstance] = {}
+        self.disk_seeds: list[dict[str, str]] = []
+        """Per created instance, in creation order: files put on its disk before boot."""
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.RLock()
         self._ids = itertools.count(7000001)
@@ -223,6 +228,7 @@ class FakeVast:
         )  # fmt: skip
         inst.root = self.root / "instances" / str(inst.id)
         with self.lock:
+            inst.seed = self.disk_seeds.pop(0) if self.disk_seeds else {}
             self.instances[inst.id] = inst
         threading.Thread(target=self._boot, args=(inst,), daemon=True).start()
         if self.switches.create_error_after_create:
@@ -240,11 +246,42 @@ class FakeVast:
         return {"success": True}
 
     def outbid(self, instance_id: int) -> None:
-        """What Vast shows when a higher bid takes the machine: stopped, still wanted running."""
+        """What Vast shows when a higher bid takes the machine: stopped, still wanted running.
+
+        The instance is stopped for real (every process in it killed, SSH refused) and the
+        machine is rented by the higher bidder, so its offer leaves the search results.
+        """
         inst = self.instances[instance_id]
         inst.tick()
         self._kill(inst)
         inst.actual_status, inst.cur_state, inst.intended_status = "exited", "stopped", "running"
+        self._take_offer(inst, "rented", True)
+
+    def vanish(self, instance_id: int) -> None:
+        """A host that dies with its machine: gone from the API, its SSH port refusing."""
+        with self.lock:
+            inst = self.instances.pop(instance_id)
+            self.vanished[instance_id] = inst
+        inst.tick()
+        self._kill(inst)
+        self._take_offer(inst, "rentable", False)
+
+    def resume(self, instance_id: int) -> None:
+        """Vast starting an outbid instance again once its bid wins: it boots as before."""
+        inst = self.instances[instance_id]
+        inst.tick()
+        inst.cur_state = "running"
+        self._start(inst)
+        inst.actual_status = "running"
+        (inst.root / "ssh" / "authorized_keys").write_text(
+            "".join(k.with_suffix(".pub").read_text() for k in self.account_keys)
+        )
+
+    def _take_offer(self, inst: FakeInstance, key: str, value: bool) -> None:
+        with self.lock:
+            for offer in self.offers:
+                if offer["id"] == inst.offer["id"]:
+                    offer[key] = value
 
     def destroy(self, instance_id: int) -> None:
         with self.lock:
@@ -273,6 +310,8 @@ class FakeVast:
         disk = inst.root / "disk"
         for d in (ssh, disk / "workspace", disk / "home"):
             d.mkdir(parents=True, exist_ok=True)
+        for name, text in inst.seed.items():
+            (disk / "workspace" / name).write_text(text)
         if not (ssh / "host_ed25519").exists():
             _keygen(ssh / "host_ed25519")
         (ssh / "authorized_keys").touch()

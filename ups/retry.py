@@ -62,10 +62,15 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
 RULES = {rule.cause: rule for rule in RETRY_TABLE}
 
 
-def retry_verdict(outcome: Outcome | None) -> tuple[bool, str]:
+def retry_verdict(outcome: Outcome | None, exit_code: int | None = None) -> tuple[bool, str]:
     """Whether a run that ended with ``outcome`` (None: no outcome.json) may be resumed,
-    and why, in words. Finished runs and unknown causes are never retried."""
+    and why, in words. Finished runs and unknown causes are never retried. Without an
+    outcome, ``exit_code`` (the launcher's, when known) is looked up in the table first:
+    ``ups launch`` refusing a config exits 2 before any outcome.json is written."""
     if outcome is None:
+        by_code = [r for r in RETRY_TABLE if exit_code is not None and exit_code in r.exit_codes]
+        if by_code:
+            return by_code[0].retryable, by_code[0].meaning
         return True, RULES["killed"].meaning
     if outcome.outcome == "finished":
         return False, "it finished"

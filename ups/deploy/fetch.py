@@ -14,6 +14,7 @@ import io
 import posixpath
 import stat
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,11 @@ class Fetched:
     notes: list[str] = field(default_factory=list)
 
 
-def fetch(target: Target, run_id: str | None, dest: Path) -> int:
-    """Copy the run directory into ``dest/<run_id>``; print a "fetched" summary."""
+def fetch(target: Target, run_id: str | None, dest: Path, exclude: Sequence[str] = ()) -> int:
+    """Copy the run directory into ``dest/<run_id>``; print a "fetched" summary.
+
+    ``exclude``: files (relative to the run directory) already here, such as checkpoints
+    synced while the run was followed: the fetch then only tops up."""
     conn = target.connect()
     try:
         found = resolve_run(target, conn, run_id)
@@ -45,7 +49,8 @@ def fetch(target: Target, run_id: str | None, dest: Path) -> int:
         # du's apparent size (close to the tar's) gives the transfer an ETA.
         size = run(conn, rc.run_size_command(found), target.spec).stdout.strip()
         total = int(size) if size.isdigit() else None
-        got = _untar(target, conn, rc.tar_run_command(found), dest, found.run_id, total)
+        command = rc.tar_run_command(found, exclude)
+        got = _untar(target, conn, command, dest, found.run_id, total)
         parent = posixpath.dirname(found.run_dir)
         for name, link in got.links:
             got.notes.append(_copy_link_target(conn, parent, name, link, dest, got))

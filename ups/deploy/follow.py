@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +16,32 @@ from ups.deploy.stream import LogFollower
 
 
 def follow(
-    target: Target, found: rc.RemoteRun, mirror: Path | None = None, *, offset: int = 0
+    target: Target,
+    found: rc.RemoteRun,
+    mirror: Path | None = None,
+    *,
+    offset: int = 0,
+    connect: Callable[[], Connection] | None = None,
+    each_line: Callable[[bytes], None] | None = None,
+    give_up_after_s: float = 600.0,
 ) -> int:
-    """Stream the run's launch.log from ``offset`` until it ends; return the run's exit code."""
+    """Stream the run's launch.log from ``offset`` until it ends; return the run's exit code.
+
+    ``connect`` replaces ``target.connect`` for every (re)connection and ``each_line`` sees
+    every line first: the vast kind uses them to notice a lost instance and keep the log.
+    """
     view = ConsoleView(target.out)  # live progress and tables on a terminal, lines otherwise
     sink = mirror.open("wb") if mirror is not None else None
     conns: list[Connection] = []
 
     def open_transport() -> Any:
-        conn = target.connect()
+        conn = (connect or target.connect)()
         conns.append(conn)
         return conn.transport
 
     def on_line(line: bytes) -> None:
+        if each_line is not None:
+            each_line(line)
         if sink is not None:
             sink.write(line)
             sink.flush()
@@ -40,6 +54,7 @@ def follow(
         on_line,
         offset=offset,
         heartbeat_s=float(target.spec.keepalive_s),
+        give_up_after_s=give_up_after_s,
     )
     try:
         stats = follower.follow()

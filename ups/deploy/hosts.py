@@ -128,6 +128,20 @@ class HostSpec(_Strict):
     """vast: after a run ends, how long the watchdog leaves for a laptop to fetch it."""
     boot_timeout_s: float = Field(900.0, gt=0)
     """vast: from create to SSH answering (image pull, boot, key install) before giving up."""
+    max_recoveries: int = Field(3, ge=0)
+    """vast: new instances (or in-place relaunches) after an outbid, a vanished host or a
+    retryable crash, before giving up with exit 8."""
+    checkpoint_sync: str = "local"
+    """vast: where checkpoints are copied as they are written: ``local`` (this machine's
+    run directory, over SSH). ``s3://`` buckets are not supported yet."""
+    sync_every_s: float = Field(10.0, gt=0)
+    """vast: how often new checkpoints are looked for on the instance while following."""
+    monitor_s: float = Field(15.0, gt=0)
+    """vast: how often the API is asked about the instance while following: an outbid or a
+    vanished instance is noticed within this (plus one API call)."""
+    ssh_lost_s: float = Field(300.0, gt=0)
+    """vast: SSH unreachable this long while the API still lists the instance running: it
+    is treated as lost and replaced."""
 
     @model_validator(mode="after")
     def _address_or_offer(self) -> HostSpec:
@@ -135,6 +149,12 @@ class HostSpec(_Strict):
             missing = [f for f in ("offer", "max_price_per_hour") if getattr(self, f) is None]
             if missing:
                 raise ValueError(f"kind vast needs {' and '.join(missing)}")
+            if self.checkpoint_sync != "local":
+                raise ValueError(
+                    f"checkpoint_sync {self.checkpoint_sync!r} is not supported: only 'local' "
+                    "(checkpoints copied to this machine over SSH as they are written). "
+                    "Syncing to an S3 bucket is not implemented yet; remove the setting."
+                )
         elif not self.host:
             raise ValueError(f"kind {self.kind} needs 'host' (an address or ~/.ssh/config alias)")
         return self

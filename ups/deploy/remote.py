@@ -200,10 +200,13 @@ def catch_up_command(path: str, offset: int) -> str:
     return f"[ -e {q(path)} ] && tail -c +{offset + 1} {q(path)} || true"
 
 
-def tar_run_command(run: RemoteRun) -> str:
-    """Stream the run directory as a tar on stdout (for ``fetch``); links stay links."""
+def tar_run_command(run: RemoteRun, exclude: Sequence[str] = ()) -> str:
+    """Stream the run directory as a tar on stdout (for ``fetch``); links stay links.
+
+    ``exclude`` names files (relative to the run directory) already copied home."""
     parent, name = posixpath.split(run.run_dir)
-    return argv("tar", "-C", parent, "-cf", "-", name)
+    skip = [f"--exclude={posixpath.join(name, path)}" for path in exclude]
+    return argv("tar", "-C", parent, *skip, "-cf", "-", name)
 
 
 def write_word_command(path: str, word: str) -> str:

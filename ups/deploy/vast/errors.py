@@ -10,6 +10,9 @@ EXIT_NO_OFFER = 6
 """No offer matched the query under the price cap; nothing was created."""
 EXIT_INSTANCE = 7
 """The instance never became usable (image pull, never running, SSH never answering)."""
+EXIT_RECOVERIES = 8
+"""The run lost its instance more than ``max_recoveries`` times, or ``max_hours`` ran out
+across instances; every instance was ended, the checkpoints are in the local run dir."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C or SIGTERM locally; the instance was ended per ``on_exit`` first."""
 
@@ -32,3 +35,7 @@ class InstanceFailed(DeployError):
 
 class Interrupted(DeployError):
     exit_code = EXIT_INTERRUPTED
+
+
+class RecoveriesExhausted(DeployError):
+    exit_code = EXIT_RECOVERIES

@@ -11,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import paramiko
 
-from ups.deploy import execute
 from ups.deploy import remote as rc
 from ups.deploy.connect import connect
 from ups.deploy.errors import DeployError, HostKeyChanged
@@ -27,7 +26,7 @@ from ups.deploy.hostkeys import known_hosts_name, load_into, save_host_keys
 from ups.deploy.session import Target, write_private
 from ups.deploy.session import run as run_remote
 from ups.deploy.vast.client import VastApi
-from ups.deploy.vast.errors import InstanceFailed, Interrupted, VastApiError
+from ups.deploy.vast.errors import InstanceFailed, VastApiError
 from ups.deploy.vast.instance import Instance, State
 from ups.deploy.vast.plan import VastPlan, container_spec
 from ups.deploy.vast.watchdog import KEY_FILE, LEASE_FILE, watch_path
@@ -194,8 +193,9 @@ class Lifecycle:
         finally:
             conn.close()
 
-    def fetch(self, target: Target) -> None:
-        """Hold the watchdog back with a lease, then copy the run directory home."""
+    def fetch(self, target: Target, exclude: Sequence[str] = ()) -> None:
+        """Hold the watchdog back with a lease, then copy the run directory home (all but
+        ``exclude``: the checkpoints already synced)."""
         conn = target.connect()
         try:
             lease = watch_path(target.spec.workdir, LEASE_FILE)
@@ -203,7 +203,7 @@ class Lifecycle:
             run_remote(conn, rc.write_word_command(lease, f"{until:.0f}"), target.spec)
         finally:
             conn.close()
-        fetch_run(target, self.plan.run_id, self.plan.local_runs)
+        fetch_run(target, self.plan.run_id, self.plan.local_runs, exclude)
 
     def teardown(self, reason: str) -> list[str]:
         """End every created instance per on_exit; return problems (never raises)."""
@@ -212,7 +212,7 @@ class Lifecycle:
         with uninterruptible():
             for instance_id in self.created:
                 try:
-                    self._end(instance_id, on_exit, reason)
+                    self.end(instance_id, on_exit, reason)
                 except DeployError as err:
                     problems.append(
                         f"could NOT {on_exit} instance {instance_id}: {err} It may still be "
@@ -221,7 +221,8 @@ class Lifecycle:
                     )
         return problems
 
-    def _end(self, instance_id: int, on_exit: str, reason: str) -> None:
+    def end(self, instance_id: int, on_exit: str, reason: str) -> None:
+        """End one instance per ``on_exit`` (destroy, stop, keep) and say so with its cost."""
         row = self.api.show(instance_id)
         inst = Instance.from_api(row) if row else None
         cost = f", about ${inst.cost_so_far:.2f} so far" if inst else ""
@@ -253,60 +254,6 @@ def forget_host_key(known_hosts: Path, name: str) -> None:
     if name in keys:
         del keys[name]
         save_host_keys(keys, known_hosts)
-
-
-def run(
-    lifecycle: Lifecycle,
-    *,
-    env: dict[str, str],
-    skip_preflight: bool,
-    watchdog_key: str | None,
-    mirror: Path | None = None,
-) -> int:
-    """The whole deploy; ends the instance on every path and returns the run's exit code."""
-    plan = lifecycle.plan
-    reason = "run ended"
-    code = 1
-    try:
-        with signals_interrupt():
-            instance_id = lifecycle.create()
-            deadline = time.monotonic() + plan.spec.boot_timeout_s
-            inst = lifecycle.wait_running(instance_id, deadline)
-            target = lifecycle.wait_ssh(inst, deadline)
-            lifecycle.prepare(target, watchdog_key)
-            code = execute.deploy(
-                target,
-                plan.replan(target.spec, plan.run_id),
-                env=env,
-                replan=lambda run_id: plan.replan(target.spec, run_id),
-                mirror=mirror,
-            )
-            if not plan.deploy.follow:
-                lifecycle.created.clear()  # detached: the watchdog owns the instance now
-                lifecycle.say(
-                    f"instance {instance_id} keeps running detached; its watchdog ends it "
-                    f"at max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` "
-                    "ends it now."
-                )
-                return code
-            lifecycle.fetch(target)
-    except KeyboardInterrupt as exc:
-        reason = f"interrupted ({exc or 'Ctrl-C'})"
-        problems = lifecycle.teardown(reason)
-        raise Interrupted(
-            f"{reason}: ended the instance per on_exit ({plan.spec.on_exit}) before exiting."
-            + (" " + " ".join(problems) if problems else "")
-        ) from None
-    except BaseException as exc:
-        reason = f"deploy failed: {type(exc).__name__}"
-        problems = lifecycle.teardown(reason)
-        if problems and isinstance(exc, DeployError):
-            raise type(exc)(f"{exc} Also: {' '.join(problems)}") from None
-        raise
-    problems = lifecycle.teardown(reason)
-    if problems:
-        raise DeployError(" ".join(problems))
-    return code
 
 
 def describe_timings(timings: dict[str, float]) -> str:

@@ -11,7 +11,8 @@ from ups.deploy.hosts import HostSpec
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
-from ups.deploy.vast.lifecycle import Lifecycle, describe_timings, run
+from ups.deploy.vast.keeper import run
+from ups.deploy.vast.lifecycle import Lifecycle, describe_timings
 from ups.deploy.vast.plan import build_vast_plan, container_spec
 
 

@@ -7,6 +7,7 @@ prints it. Once the instance answers SSH, the instance is a ``container`` host a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,24 @@ class VastPlan:
     @property
     def run_id(self) -> str:
         return self.deploy.run_id
+
+    def with_next_offer(self, api: VastApi, exclude: set[int]) -> VastPlan:
+        """The same plan on the next matching offer under the same cap (for a recovery).
+
+        ``exclude`` holds the offers of lost instances; the watchdog keeps the original
+        deadline, so ``max_hours`` counts across every instance of the run.
+        """
+        s = self.spec
+        assert s.offer is not None and s.max_price_per_hour is not None  # hosts.py checks
+        rows = api.search_offers(s.offer, s.order, offer_type(s.interruptible), s.disk_gb)
+        rows = [row for row in rows if int(row["id"]) not in exclude]
+        offer = choose(rows, s.max_price_per_hour, s.interruptible, s.offer)
+        return dataclasses.replace(
+            self,
+            offer=offer,
+            price=offer.price(s.interruptible),
+            bid=bid_price(offer, s.interruptible),
+        )
 
     def create_fields(self) -> dict[str, object]:
         """Keyword arguments of ``VastAI.create_instance``: no secret among them."""

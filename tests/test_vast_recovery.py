@@ -1,0 +1,195 @@
+"""A run survives its Vast instance: outbid or vanished, it comes back on another one and
+finishes bit-for-bit; a deterministic failure is not relaunched; past max_recoveries the
+deploy stops with exit 8 and nothing billing. FAKE Vast API, real instances (sshd as PID 1
+of their own namespace), the real `vastai` SDK.
+
+Every interruption is ordered by a file handshake, never by timing: the first instance
+gets a `hang` fault (``.faults`` seeded on its disk, read by ``remote_env``) so its run
+stops for good at a known step, and the test interrupts it only once the checkpoint before
+that step has been synced into the local run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from tests.conftest import worker_env
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
+from tests.launch_helpers import launch_cmd
+from ups.deploy.vast.recover import RECOVERY_EVENT, LocalLog
+from ups.retry import retry_verdict
+from ups.train.checkpoint import list_checkpoints, load_checkpoint
+
+__all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
+
+FAST = {"sync_every_s": 1, "monitor_s": 1, "ssh_lost_s": 60, "interruptible": True}
+
+
+def _hosts(fake: FakeVast, tmp_path: Path, data: Path, **entry: object) -> Path:
+    faults = f'export UPS_FAULTS="$(cat {fake.workdir}/.faults 2>/dev/null)"'
+    return write_vast_hosts(
+        fake, tmp_path / "hosts.yaml", setup=f"mkdir -p data && ln -sfn {data} data/demo",
+        remote_env=faults, **{**FAST, **entry},
+    )  # fmt: skip
+
+
+def _deploy(
+    tmp_path: Path, fake: FakeVast, hosts: Path, config: Path, run: str
+) -> subprocess.Popen[str]:
+    args = ["deploy", "--host", "vast", "--hosts-file", str(hosts), "--config", str(config),
+            "--run", run]  # fmt: skip
+    return subprocess.Popen(
+        [str(FAB), "-r", str(REPO), *args], cwd=tmp_path, text=True, env=fab_env(fake, tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _wait_file(path: Path, proc: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(
+                f"deploy ended before {path} appeared:\n{out[-3000:]}{err[-2000:]}"
+            )
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)  # the handshake: a file the deploy writes
+
+
+def _events(log: Path, name: str) -> list[dict[str, object]]:
+    found = []
+    for line in log.read_text().splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == name:
+            found.append(event)
+    return found
+
+
+def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
+    _, path = list_checkpoints(run_dir / "checkpoints")[-1]
+    model: dict[str, torch.Tensor] = load_checkpoint(path)["model"]
+    return model
+
+
+def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+) -> None:
+    """Outbid after checkpoint 10 was synced home: a second instance is rented from the next
+    offer, gets that checkpoint and the log, and finishes the same run id; its final weights
+    equal an uninterrupted run's, and the local log holds every step once plus one marked
+    recovery line. Both instances are destroyed; the summary counts them."""
+    fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
+    hosts = _hosts(fake_vast, tmp_path, demo_data)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    proc = _deploy(tmp_path, fake_vast, hosts, config, "outbid")
+    run_dir = tmp_path / "runs" / "outbid"
+    _wait_file(run_dir / "checkpoints" / "step_000010.pt", proc, timeout=300)
+    (first,) = fake_vast.live()
+    fake_vast.outbid(first.id)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:] + err[-3000:]
+    assert f"instance {first.id} lost: outbid" in out
+    assert "recovery 1/3: resuming run outbid from step 10" in out
+    assert "vast summary: run outbid: 2 instance(s) used, 1 recovery(ies)" in out
+    assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
+    second = next(i for i in fake_vast.destroyed.values() if i.id != first.id)
+    assert second.offer["id"] != first.offer["id"]  # the outbid machine is taken
+    # The same run uninterrupted, with `ups launch` here.
+    ref = tmp_path / "ref"
+    (ref / "data").mkdir(parents=True)
+    (ref / "data" / "demo").symlink_to(demo_data)
+    done = subprocess.run(
+        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    mine, theirs = _final_model(run_dir), _final_model(ref / "runs" / "ref")
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    log = run_dir / "logs" / "launch.log"
+    ref_log = ref / "runs" / "ref" / "logs" / "launch.log"
+    steps = [(e["step"], e["train/loss"]) for e in _events(log, "train_step")]
+    assert steps == [(e["step"], e["train/loss"]) for e in _events(ref_log, "train_step")]
+    (marked,) = _events(log, RECOVERY_EVENT)
+    assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
+
+
+def test_vanished_host_recovers_then_max_recoveries_stops(
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+) -> None:
+    """A host that vanishes from the API with its SSH refusing is replaced; when the
+    replacement vanishes too and max_recoveries (1) is used up, the deploy exits 8 with one
+    paragraph naming the bound and the local checkpoint, and nothing is left billing."""
+    fake_vast.offers.append({**fake_vast.offers[0], "id": 105, "machine_id": 1050})
+    fake_vast.disk_seeds = [{".faults": "hang@0:15"}, {".faults": "hang@0:15"}]
+    hosts = _hosts(fake_vast, tmp_path, demo_data, max_recoveries=1)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    proc = _deploy(tmp_path, fake_vast, hosts, config, "vanish")
+    ckpts = tmp_path / "runs" / "vanish" / "checkpoints"
+    _wait_file(ckpts / "step_000010.pt", proc, timeout=300)
+    (first,) = fake_vast.live()
+    fake_vast.vanish(first.id)
+    log = tmp_path / "runs" / "vanish" / "logs" / "launch.log"
+    deadline = time.monotonic() + 300
+    while not [i for i in fake_vast.live() if i.id != first.id]:
+        assert proc.poll() is None and time.monotonic() < deadline, "no second instance"
+        time.sleep(0.2)  # the deploy creating the replacement
+    (second,) = fake_vast.live()
+    fake_vast.vanish(second.id)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 8, out[-4000:] + err[-3000:]
+    assert f"instance {first.id} lost: vanished from the Vast API" in out
+    assert "max_recoveries 1 is used up" in err and "step 10" in err
+    assert "Traceback" not in err
+    assert "2 instance(s) used, 1 recovery(ies)" in out
+    assert fake_vast.live() == []
+    assert len(_events(log, RECOVERY_EVENT)) == 1
+
+
+def test_deterministic_failure_is_not_relaunched(
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+) -> None:
+    """A non-finite loss (exit 65) is not retried: one instance, destroyed, the run's own exit
+    code, and the reason named."""
+    fake_vast.disk_seeds = [{".faults": "nan@0:3"}]
+    hosts = _hosts(fake_vast, tmp_path, demo_data)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    proc = _deploy(tmp_path, fake_vast, hosts, config, "nan")
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 65, out[-4000:] + err[-3000:]
+    assert "run nan is not relaunched: non-finite loss" in out
+    assert fake_vast.live() == [] and len(fake_vast.destroyed) == 1
+    assert "1 instance(s) used, 0 recovery(ies)" in out
+
+
+def test_log_cut_and_retry_verdicts(tmp_path: Path) -> None:
+    """A recovery moves the log lines of steps past the resumed checkpoint aside (they are
+    run again), keeps lines without a step; launcher exit codes classify like outcomes."""
+    log = LocalLog(tmp_path / "launch.log")
+    lines = [{"event": "start"}, {"event": "train_step", "step": 5},
+             {"event": "checkpoint_saved", "step": 10}, {"event": "train_step", "step": 10},
+             {"event": "train_step", "step": 12}, {"event": "x"}]  # fmt: skip
+    for line in lines:
+        log.write((json.dumps(line) + "\n").encode())
+    last, moved = log.cut_after(10, tmp_path / "lost.log")
+    assert (last, moved) == (12, 3)
+    assert [json.loads(x)["event"] for x in log.path.read_text().splitlines()] == [
+        "start",
+        "train_step",
+        "checkpoint_saved",
+    ]
+    assert len((tmp_path / "lost.log").read_text().splitlines()) == 3
+    log.reset()
+    log.write(b'{"event": "train_step", "step": 0}\n')
+    assert log.cut_after(0, tmp_path / "lost.log") == (0, 1)  # no checkpoint: from step 0
+    assert retry_verdict(None, 2) == (False, "invalid config or data, or a refused resume")
+    assert retry_verdict(None, 137)[0] is True
+    assert retry_verdict(None, 65)[0] is False

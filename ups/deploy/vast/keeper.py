@@ -1,0 +1,393 @@
+"""The vast deploy from create to the end, recovering lost instances (see :mod:`recover`).
+
+:func:`run` is what ``fab deploy --host vast`` runs: it ends every instance it created
+per ``on_exit`` on every path (exception, Ctrl-C, SIGTERM, SIGHUP) and then prints the
+summary: instances used, recoveries, cost, time lost.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from pathlib import Path
+
+from ups.deploy import execute
+from ups.deploy import remote as rc
+from ups.deploy.errors import DeployError
+from ups.deploy.follow import follow
+from ups.deploy.hosts import HostSpec
+from ups.deploy.plan import DeployPlan
+from ups.deploy.runs import read_result
+from ups.deploy.session import Target
+from ups.deploy.session import run as run_remote
+from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
+from ups.deploy.vast.instance import State
+from ups.deploy.vast.lifecycle import Lifecycle, signals_interrupt
+from ups.deploy.vast.recover import (
+    RECOVERY_EVENT,
+    InstanceLost,
+    Leg,
+    LocalLog,
+    Monitor,
+    Pending,
+    _event,
+)
+from ups.deploy.vast.sync import CheckpointSync, Synced, newest_good
+from ups.retry import retry_verdict
+
+__all__ = ["RECOVERY_EVENT", "Keeper", "run"]
+_LOST_ERRORS = (DeployError, OSError, EOFError)
+
+
+class Keeper:
+    """Runs the plan on one instance after another until the run ends or the bounds do."""
+
+    def __init__(self, lifecycle: Lifecycle, env: dict[str, str], watchdog_key: str | None):
+        self.lc = lifecycle
+        self.env = env
+        self.watchdog_key = watchdog_key
+        plan = lifecycle.plan
+        self.run_id = plan.run_id
+        self.run_dir = plan.local_runs / plan.run_id
+        self.log = LocalLog(self.run_dir / "logs" / "launch.log")
+        self.legs: list[Leg] = []
+        self.recoveries = 0
+        self.lost_offers: set[int] = set()
+        self.downtime_s = 0.0
+        self.steps_lost = 0
+        self.synced: list[Synced] = []
+        self.pending: Pending | None = None
+
+    @property
+    def spec(self) -> HostSpec:
+        return self.lc.plan.spec
+
+    def say(self, text: str) -> None:
+        self.lc.say(text)
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        self.continue_local()
+        while True:
+            leg = Leg(self.lc.create(), self.lc.plan.price)
+            self.legs.append(leg)
+            try:
+                return self.on_instance(leg)
+            except InstanceLost as lost:
+                self.recover(leg, lost.reason)
+
+    def on_instance(self, leg: Leg) -> int:
+        """Boot, resume and follow on one instance; a loss raises :class:`InstanceLost`."""
+        monitor = Monitor(self.lc.api, leg.instance_id, self.spec.monitor_s)
+        try:
+            target = self.boot(leg)
+            monitor.start()
+            return self.train(target, monitor)
+        except InstanceFailed as err:
+            # Never running, image pull failed, SSH never answering: deterministic, not a
+            # loss. Outbid or gone while booting is one.
+            if monitor.check() is None or monitor.state is State.FAILED:
+                raise
+            raise InstanceLost(leg.instance_id, monitor.lost or "lost") from err
+        except _LOST_ERRORS as err:
+            reason = monitor.check()
+            if reason is None:
+                raise
+            raise InstanceLost(leg.instance_id, reason) from err
+        finally:
+            monitor.stop()
+
+    def boot(self, leg: Leg) -> Target:
+        deadline = time.monotonic() + self.spec.boot_timeout_s
+        inst = self.lc.wait_running(leg.instance_id, deadline)
+        self._mark("running")
+        target = self.lc.wait_ssh(inst, deadline)
+        self.lc.prepare(target, self.watchdog_key)
+        self.upload(target)
+        return target
+
+    def plan_on(self, target: Target) -> DeployPlan:
+        return self.lc.plan.replan(target.spec, self.run_id)
+
+    def train(self, target: Target, monitor: Monitor) -> int:
+        """Launch and follow; relaunch here while the run ends with a retryable cause."""
+        spec = target.spec
+        while True:
+            conn = target.connect()
+            try:
+                plan, _ = execute.prepare(
+                    target,
+                    conn,
+                    self.plan_on(target),
+                    env=self.env,
+                    replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
+                )
+                execute.launch(target, conn, plan)
+            finally:
+                conn.close()
+            self._mark("started")
+            sync = CheckpointSync(
+                target,
+                posixpath.join(plan.remote.run_dir, "checkpoints"),
+                self.run_dir / "checkpoints",
+                self.say,
+            )
+            sync.start(spec.sync_every_s)
+            try:
+                code = follow(
+                    target,
+                    plan.remote,
+                    offset=self.log.size(),  # the remote log is the local one plus new lines
+                    connect=lambda: monitor.connect(target),
+                    each_line=self.on_line,
+                    give_up_after_s=spec.ssh_lost_s,
+                )
+            except DeployError as err:  # SSH silent past ssh_lost_s: useless, and billing
+                reason = monitor.check() or f"SSH unreachable for {spec.ssh_lost_s:.0f} s"
+                raise InstanceLost(monitor.instance_id, reason) from err
+            finally:
+                sync.stop()
+                sync.close()
+                self.synced += sync.synced
+            before = len(sync.synced)
+            sync.top_up()
+            self.synced += sync.synced[before:]
+            if not self.relaunch_here(target, plan, code):
+                return code
+
+    def relaunch_here(self, target: Target, plan: DeployPlan, code: int) -> bool:
+        """After the run ended by itself: fetch and stop, or mark the log and go again."""
+        conn = target.connect()
+        try:
+            _, outcome = read_result(conn, plan.remote, target.spec)
+        finally:
+            conn.close()
+        retryable, why = retry_verdict(outcome, code)
+        if code != 0 and retryable and time.time() < self.lc.plan.deadline_epoch:
+            self.count(f"the run ended: {why}")
+            line = self.log.mark(
+                recovery=self.recoveries, reason=why, instance=self.legs[-1].instance_id
+            )
+            conn = target.connect()
+            try:
+                command = f"printf '%s' {rc.q(line.decode())} >> {rc.q(plan.remote.launch_log)}"
+                run_remote(conn, command, target.spec)
+            finally:
+                conn.close()
+            self.pending = Pending(self.recoveries, why, -1, None, 0, time.monotonic())
+            self.say(
+                f"recovery {self.recoveries}: relaunching run {self.run_id} on the same "
+                f"instance ({why})"
+            )
+            return True
+        if code != 0:
+            self.say(
+                f"run {self.run_id} is not relaunched: {why}. Fix the cause, then deploy again "
+                f"with --run {self.run_id} to continue from its newest checkpoint."
+            )
+        synced = [
+            f"checkpoints/{p.name}" for p in (self.run_dir / "checkpoints").glob("step_*.pt*")
+        ]
+        self.lc.fetch(target, exclude=synced)
+        return False
+
+    def on_line(self, line: bytes) -> None:
+        self.log.write(line)
+        p = self.pending
+        if p is not None and _event(line).get("event") in ("resumed", "train_step"):
+            p.mark("first_step")
+            self.pending = None
+            if p.number:
+                self.downtime_s += p.marks["first_step"]
+            split = ", ".join(f"{k} {v:.1f} s" for k, v in p.marks.items())
+            self.say(f"recovery {p.number}: run {self.run_id} resumed; since detection: {split}")
+
+    def _mark(self, phase: str) -> None:
+        if self.pending is not None:
+            self.pending.mark(phase)
+
+    # -- recovery -----------------------------------------------------------------------
+    def count(self, reason: str) -> None:
+        """Count one recovery; raise :class:`RecoveriesExhausted` past the bounds."""
+        newest = newest_good(self.run_dir / "checkpoints")
+        kept = (
+            f"Its newest checkpoint (step {newest[0]}) is in {newest[1].parent}"
+            if newest
+            else f"No checkpoint of it was synced to {self.run_dir}"
+        )
+        again = (
+            f"`fab deploy --host {self.spec.name} --run {self.run_id}` continues it from "
+            "there (it uploads the newest checkpoint)."
+        )
+        if self.recoveries >= self.spec.max_recoveries:
+            raise RecoveriesExhausted(
+                f"run {self.run_id} needs another recovery ({reason}) but max_recoveries "
+                f"{self.spec.max_recoveries} is used up: not relaunching. {kept}; every "
+                f"instance was ended per on_exit. Raise max_recoveries in hosts.yaml; {again}"
+            )
+        if time.time() >= self.lc.plan.deadline_epoch:
+            raise RecoveriesExhausted(
+                f"run {self.run_id} needs another recovery ({reason}) but max_hours "
+                f"{self.spec.max_hours:g} is used up across its instances. {kept}. {again}"
+            )
+        self.recoveries += 1
+
+    def recover(self, leg: Leg, reason: str) -> None:
+        """End the lost instance, cut the log back to the checkpoint, pick the next offer."""
+        detected = time.monotonic()
+        leg.ended = detected
+        self.say(f"instance {leg.instance_id} lost: {reason} (about ${leg.cost():.4f} spent on it)")
+        stale = "stop" if self.spec.on_exit == "keep" else self.spec.on_exit
+        try:  # never two instances training one run: a resumed bid instance must not
+            self.lc.end(leg.instance_id, stale, f"lost: {reason}")
+        except DeployError as err:
+            self.say(f"warning: could not {stale} lost instance {leg.instance_id} yet: {err}")
+        self.lost_offers.add(self.lc.plan.offer.id)
+        self.count(reason)
+        self.pending = self.resume_point(reason, leg.instance_id, detected)
+        self.pending.lost_cost = leg.cost()
+        self.lc.plan = self.lc.plan.with_next_offer(self.lc.api, self.lost_offers)
+        self.say(
+            f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
+            f"from step {self.pending.resume_step} ({self.pending.steps_lost} steps to "
+            f"recompute) on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
+        )
+
+    def resume_point(self, reason: str, instance: int | None, detected: float) -> Pending:
+        """The newest good checkpoint here; the log cut back to it and marked."""
+        newest = newest_good(self.run_dir / "checkpoints")
+        step, path = newest if newest else (0, None)
+        lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
+        last, _ = self.log.cut_after(step, lost)
+        self.steps_lost += last - step
+        self.log.mark(
+            recovery=self.recoveries,
+            reason=reason,
+            lost_instance=instance,
+            resume_step=step,
+            steps_lost=last - step,
+        )
+        return Pending(self.recoveries, reason, step, path, last - step, detected)
+
+    def continue_local(self) -> None:
+        """A run directory here with a checkpoint continues from it; else a fresh log."""
+        if newest_good(self.run_dir / "checkpoints") is None:
+            self.log.reset()
+            return
+        self.pending = self.resume_point(
+            "continued from the local run directory", None, time.monotonic()
+        )
+        self.say(
+            f"continuing run {self.run_id} from its local checkpoint at step "
+            f"{self.pending.resume_step}"
+        )
+
+    def upload(self, target: Target) -> None:
+        """Put the checkpoint to resume from and the log so far on the new instance."""
+        p = self.pending
+        if p is None or p.resume_step < 0:
+            return
+        remote = self.plan_on(target).remote
+        ckpts = posixpath.join(remote.run_dir, "checkpoints")
+        conn = target.connect()
+        try:
+            run_remote(
+                conn, rc.mkdir_command(ckpts, posixpath.dirname(remote.launch_log)), target.spec
+            )
+            sftp = conn.sftp()
+            if p.checkpoint is not None:
+                for path in (p.checkpoint.with_name(p.checkpoint.name + ".sha256"), p.checkpoint):
+                    sftp.put(str(path), posixpath.join(ckpts, path.name))
+            sftp.put(str(self.log.path), remote.launch_log)
+        finally:
+            conn.close()
+        what = f"checkpoint step {p.resume_step}" if p.checkpoint else "no checkpoint (from step 0)"
+        self.say(f"uploaded {what} and the run's log ({self.log.size()} bytes)")
+        p.mark("uploaded")
+
+    def summary(self) -> str:
+        now = time.monotonic()
+        for leg in self.legs:
+            leg.ended = leg.ended or now
+        cost = sum(leg.cost() for leg in self.legs)
+        sent = sum(s.sent for s in self.synced)
+        return (
+            f"vast summary: run {self.run_id}: {len(self.legs)} instance(s) used, "
+            f"{self.recoveries} recovery(ies), about ${cost:.4f} in all; time lost to "
+            f"recoveries {self.downtime_s:.1f} s and {self.steps_lost} steps recomputed; "
+            f"{len(self.synced)} checkpoint(s) synced ({sent} bytes)"
+        )
+
+
+def run(
+    lifecycle: Lifecycle,
+    *,
+    env: dict[str, str],
+    skip_preflight: bool,
+    watchdog_key: str | None,
+    mirror: Path | None = None,
+) -> int:
+    """The whole deploy; ends every instance on every path and returns the run's exit code.
+
+    ``skip_preflight`` is already in the plan; ``mirror`` (``--save``) is kept for a
+    detached deploy only: a followed one keeps its log in the local run directory.
+    """
+    del skip_preflight
+    plan = lifecycle.plan
+    keeper = Keeper(lifecycle, env, watchdog_key)
+    reason = "run ended"
+    code = 1
+    try:
+        with signals_interrupt():
+            if not plan.deploy.follow:
+                return _detached(lifecycle, keeper, env, mirror)
+            code = keeper.run()
+    except KeyboardInterrupt as exc:
+        reason = f"interrupted ({exc or 'Ctrl-C'})"
+        problems = _end_all(lifecycle, keeper, reason)
+        raise Interrupted(
+            f"{reason}: ended the instance per on_exit ({plan.spec.on_exit}) before exiting."
+            + (" " + " ".join(problems) if problems else "")
+        ) from None
+    except BaseException as exc:
+        reason = f"deploy failed: {type(exc).__name__}"
+        problems = _end_all(lifecycle, keeper, reason)
+        if problems and isinstance(exc, DeployError):
+            raise type(exc)(f"{exc} Also: {' '.join(problems)}") from None
+        raise
+    problems = _end_all(lifecycle, keeper, reason)
+    if problems:
+        raise DeployError(" ".join(problems))
+    return code
+
+
+def _end_all(lifecycle: Lifecycle, keeper: Keeper, reason: str) -> list[str]:
+    keeper.log.close()
+    problems = lifecycle.teardown(reason)
+    if keeper.legs:
+        lifecycle.say(keeper.summary())
+    return problems
+
+
+def _detached(
+    lifecycle: Lifecycle, keeper: Keeper, env: dict[str, str], mirror: Path | None
+) -> int:
+    """``--detach``: start the run and leave the instance to its watchdog."""
+    plan = lifecycle.plan
+    leg = Leg(lifecycle.create(), plan.price)
+    keeper.legs.append(leg)
+    target = keeper.boot(leg)
+    code = execute.deploy(
+        target,
+        keeper.plan_on(target),
+        env=env,
+        replan=lambda run_id: plan.replan(target.spec, run_id),
+        mirror=mirror,
+    )
+    lifecycle.created.clear()  # detached: the watchdog owns the instance now
+    keeper.legs.clear()
+    lifecycle.say(
+        f"instance {leg.instance_id} keeps running detached; its watchdog ends it at "
+        f"max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` ends it now."
+    )
+    return code
