@@ -22,6 +22,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -330,7 +331,12 @@ class FakeVast:
             "ONSTART": inst.onstart, "DISK": str(disk / "workspace"),
             "WORKDIR": inst.workdir, "ONSTART_LOG": str(inst.root / "onstart.log"),
         }  # fmt: skip
+        # A real instance is a fresh container: no login rc files of this machine's user. Here
+        # they would run in every SSH command (pyenv's rehash takes a lock file; an instance
+        # killed mid-rehash, as vanish() does, left it behind and stalled every later shell).
+        rc = shlex.quote(str(Path.home() / ".bashrc"))
         init = (
+            f"if [ -f {rc} ]; then mount --bind /dev/null {rc} || exit 1; fi; "
             'mount --bind "$DISK" "$WORKDIR" || exit 1; '
             '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); '
             f"exec {SSHD} -D -e -f {config}"
