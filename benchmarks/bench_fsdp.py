@@ -4,12 +4,14 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/bench_fsdp.py                 # 3 tries, 20 steps each
     .venv/bin/python benchmarks/bench_fsdp.py --repeats 5 --steps 40
+    .venv/bin/python benchmarks/bench_fsdp.py --precision bf16   # both steps under autocast
 
 For each model size (the demo's, ``model.latent_dim=64, depth=2``, and about 10x the
 parameters, ``latent_dim=144, depth=4``), each of ``--repeats`` torchrun launches (2
-ranks, gloo, one thread each, fp32) builds both steps on the same model initialisation
-and times them on the same batches, taking turns (ABAB: A then B on even batches, B then
-A on odd ones, so drift and bursts of load from other jobs hit both alike):
+ranks, gloo, one thread each, ``--precision`` fp32 or bf16) builds both steps on the
+same model initialisation and times them on the same batches, taking turns (ABAB: A
+then B on even batches, B then A on odd ones, so drift and bursts of load from other
+jobs hit both alike):
 
 - **ups**: ``Trainer.train_step`` under ``training.strategy=fsdp`` (``ups.distributed.fsdp``:
   one all-gather at the start, backward with no collective, the agreement, one gradient
@@ -21,7 +23,7 @@ A on odd ones, so drift and bursts of load from other jobs hit both alike):
 Rank 0's times are reported: median ms/step of each, and the median of the per-batch
 ratios (a batch's two steps ran back to back, so the ratio cancels slow drift), with the
 spread over the tries. Results go to stdout and ``--out``
-(default ``benchmarks/results/fsdp-cpu.txt``).
+(default ``benchmarks/results/fsdp-cpu.txt``, ``fsdp-cpu-bf16.txt`` for bf16).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def _plain(cfg: Any, infos: Any, device: Any, total: int) -> Any:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    from ups.train.amp import autocast
     from ups.train.loop import lr_schedule
     from ups.train.metrics import rel_l2
     from ups.train.run import make_model
@@ -71,8 +74,10 @@ def _plain(cfg: Any, infos: Any, device: Any, total: int) -> Any:
     weights = torch.tensor([t.weight for t in cfg.tasks], device=device)
 
     def step(batch: Any) -> None:
-        preds = model({t: x.to(device) for t, (x, _, _) in batch.items()}, None)
-        losses = torch.stack([rel_l2(preds[t], batch[t][1].to(device)).mean() for t in batch])
+        with autocast(cfg.training.precision, device):  # as the trainer: forward only
+            preds = model({t: x.to(device) for t, (x, _, _) in batch.items()}, None)
+        y = {t: batch[t][1].to(device) for t in batch}
+        losses = torch.stack([rel_l2(preds[t].float(), y[t]).mean() for t in batch])
         ((weights * losses).sum() / weights.sum()).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.training.grad_clip)
         optimizer.step()
@@ -125,11 +130,14 @@ def worker(out: Path, overrides: list[str], steps: int, warmup: int) -> None:
     (out / f"rank{env.rank}.json").write_text(json.dumps({**times, "params": params}))
 
 
-def run_size(size: str, steps: int, warmup: int, repeats: int, work: Path) -> list[str]:
+def run_size(
+    size: str, precision: str, steps: int, warmup: int, repeats: int, work: Path
+) -> list[str]:
     drop = ("WANDB_", "UPS_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update({"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
-    sets = [*SIZES[size], "training.strategy=fsdp", "wandb.mode=disabled",
+    sets = [*SIZES[size], "training.strategy=fsdp", f"training.precision={precision}",
+            "wandb.mode=disabled",
             "distributed.backend=gloo", "training.log_every=1000000",
             f"training.max_steps={2 * (steps + warmup) + 1}"]  # fmt: skip
     rows, ratios, params = [], [], 0
@@ -166,8 +174,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "fsdp-cpu.txt")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    suffix = "" if args.precision == "fp32" else f"-{args.precision}"
+    out = args.out or REPO / "benchmarks" / "results" / f"fsdp-cpu{suffix}.txt"
     if not DATA.is_dir():
         subprocess.run([sys.executable, "-m", "ups", "data", "synth", "--out", str(DATA)],
                        check=True, cwd=REPO)  # fmt: skip
@@ -177,18 +188,21 @@ def main() -> int:
     lines = [
         f"ups FSDP step vs plain FSDP2 step, CPU/gloo - {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M}"
         " UTC",
-        f"configs/demo.yaml, fp32, torchrun 2 ranks x 1 thread, {args.steps} steps of each kind "
-        f"per try after {args.warmup} warm-up, ABAB on the same batches, rank 0's times; "
+        f"configs/demo.yaml, {args.precision}, torchrun 2 ranks x 1 thread, {args.steps} steps "
+        f"of each kind per try after {args.warmup} warm-up, ABAB on the same batches, "
+        "rank 0's times; "
         f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
         f"cores shared with other jobs (load average at start {load})",
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for size in SIZES:
-            lines += run_size(size, args.steps, args.warmup, args.repeats, Path(tmp))
+            lines += run_size(
+                size, args.precision, args.steps, args.warmup, args.repeats, Path(tmp)
+            )
     text = "\n".join(lines) + "\n"
     print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
     return 0
 
 
