@@ -56,9 +56,9 @@ def _plain(cfg: Any, infos: Any, device: Any, total: int) -> Any:
     from torch.distributed.fsdp import fully_shard
 
     from ups.train.amp import autocast
-    from ups.train.loop import lr_schedule
     from ups.train.metrics import rel_l2
     from ups.train.run import make_model
+    from ups.train.schedule import lr_schedule
 
     torch.manual_seed(0)
     model = make_model(cfg, infos).to(device)

@@ -97,8 +97,8 @@ def worker(out: Path, config: Path, steps: int, warmup: int, overrides: list[str
     from ups.distributed.env import read_dist_env
     from ups.distributed.lifecycle import init_distributed, shutdown_distributed
     from ups.log import setup_logging
-    from ups.train.loop import lr_schedule
     from ups.train.run import build_trainer, make_model
+    from ups.train.schedule import lr_schedule
     from ups.train.signals import StopFlag
     from ups.train.tracking import Tracker
 

@@ -20,7 +20,7 @@ def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -45,7 +45,7 @@ def atomic_open(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes | memoryview, mode: int = 0o644) -> None:
@@ -69,4 +69,4 @@ def atomic_symlink(link: Path, target: Path | str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(link.parent)
+    fsync_dir(link.parent)

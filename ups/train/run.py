@@ -45,7 +45,7 @@ from ups.train.compile import compile_check, compile_model
 from ups.train.evaluate import evaluate
 from ups.train.failures import RunFailed, nonfinite_metrics
 from ups.train.faults import FaultInjector
-from ups.train.loop import Trainer, TrainState, lr_schedule, total_steps
+from ups.train.loop import Trainer
 from ups.train.metrics import mean_target, output_scale
 from ups.train.resume import (
     FACTS_KEY,
@@ -57,6 +57,7 @@ from ups.train.resume import (
     run_facts,
     strategy_refusal,
 )
+from ups.train.schedule import TrainState, lr_schedule, total_steps
 from ups.train.sharded import other_format_checkpoint
 from ups.train.signals import StopFlag
 from ups.train.strategy import make_strategy

@@ -18,7 +18,6 @@ import errno
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -32,7 +31,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ups import jsonio
-from ups.fsio import atomic_write_bytes, atomic_write_text
+from ups.fsio import atomic_write_bytes, atomic_write_text, fsync_dir
 from ups.log import get_logger
 from ups.train.checkpoint import CheckpointCorrupt, CheckpointSaveFailed, list_checkpoints
 
@@ -80,14 +79,6 @@ def _nbytes(state: Any) -> int:
     return 0
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _commit(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
     """Rank 0: meta, manifest, rename. A same-step directory (a resumed run saving the step
     it resumed at) is replaced: moved aside first, removed after the rename."""
@@ -100,7 +91,7 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         if f.is_file()
     }
     atomic_write_text(tmp / MANIFEST, jsonio.dumps({"files": digests}) + "\n")
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     aside = final.with_name(f".{final.name}.old")
     if final.exists():
         shutil.rmtree(aside, ignore_errors=True)
@@ -111,7 +102,7 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
         if aside.exists():
             aside.rename(final)
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 
