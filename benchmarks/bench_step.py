@@ -4,9 +4,11 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/bench_step.py                  # every case, 3 launches each
     .venv/bin/python benchmarks/bench_step.py --steps 15 --repeats 3 --cases ddp:demo:fp32
+    python3 benchmarks/bench_step.py --nproc 1 --backend nccl --cases ddp:100m:bf16   # a GPU
 
 For each case (strategy, model size, precision) it launches ``--repeats`` torchrun jobs
-(2 ranks, gloo, one thread each). Every rank builds, from one seed and the same config,
+(``--nproc`` ranks, default 2 with gloo and one thread each). Every rank builds, from one
+seed and the same config,
 
 - **ups skip**: the real trainer (``Trainer.train_step``, ``oom_policy: skip``): local
   backward into the gradient buffer, status exchange, in-place all-reduce, update, second
@@ -19,10 +21,13 @@ For each case (strategy, model size, precision) it launches ``--repeats`` torchr
 holds ``--warmup + --steps`` batches in memory, and runs every variant on each batch in
 turn, rotating which goes first (ABC, BCA, CAB, ...), so load from other jobs hits all
 alike. It also times the agreement alone (both status exchanges, no step). Reported: the
-median ms/step of each variant, the median of per-batch ratios ups/plain, and the spread
-(min-max) of those over the launches. A strategy is one field of a case: another (e.g.
-``fsdp``) is one more entry in :data:`STRATEGIES` (its config overrides) and, where its
-plain loop wraps the model differently, one more branch where the worker builds "plain".
+median ms/step of each variant, samples/s over all ranks, the median of per-batch ratios
+ups/plain, and the spread (min-max) of those over the launches. On CUDA every step is
+timed to ``torch.cuda.synchronize()``, and then each variant runs alone for
+``--util-seconds`` while NVML samples the GPU's utilisation (``gpu util %``). A strategy
+is one field of a case: another (e.g. ``fsdp``) is one more entry in :data:`STRATEGIES`
+(its config overrides) and, where its plain loop wraps the model differently, one more
+branch where the worker builds "plain".
 
 Results: stdout, ``benchmarks/results/step-cpu.txt`` and ``.json`` (``--out``).
 """
@@ -45,6 +50,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).resolve()
+DEMO_CONFIG = REPO / "configs" / "demo.yaml"
 sys.path.insert(0, str(REPO))
 
 from ups import jsonio  # noqa: E402  # after the path insert: run as a script
@@ -52,6 +58,8 @@ from ups import jsonio  # noqa: E402  # after the path insert: run as a script
 SIZES = {
     "demo": [],  # configs/demo.yaml: latent 64, depth 2 (115k parameters)
     "12x": ["model.latent_dim=192", "model.depth=3"],  # 1.38M parameters
+    "100m": ["model.latent_dim=1024", "model.depth=8", "model.heads=8"],  # 101.0M parameters
+    "tiny": ["model.latent_dim=16", "model.depth=1", "model.heads=2"],  # a smoke test's size
 }
 PRECISIONS = {"fp32": ["training.precision=fp32"], "bf16": ["training.precision=bf16"]}
 STRATEGIES: dict[str, list[str]] = {"ddp": []}
@@ -85,7 +93,46 @@ def _plain_step(ddp: Any, optimizer: Any, scheduler: Any, cfg: Any, device: Any)
     return step
 
 
-def worker(out: Path, config: Path, steps: int, warmup: int, overrides: list[str]) -> None:
+def _cycling(step: Callable[[Any], Any], batches: list[Any]) -> Callable[[], None]:
+    """``step`` on the held batches in turn, one per call."""
+    position = [0]
+
+    def call() -> None:
+        step(batches[position[0] % len(batches)])
+        position[0] += 1
+
+    return call
+
+
+def _nvml_utilisation(device_index: int, run: Callable[[], None], seconds: float) -> float | None:
+    """Mean GPU utilisation (%) NVML reports while ``run`` is called for ``seconds``."""
+    import threading
+
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05):
+            samples.append(pynvml.nvmlDeviceGetUtilizationGPUs(handle).gpu)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        run()
+    done.set()
+    thread.join()
+    pynvml.nvmlShutdown()
+    return statistics.fmean(samples) if samples else None
+
+
+def worker(
+    out: Path, config: Path, steps: int, warmup: int, util_s: float, overrides: list[str]
+) -> None:
     """One rank: build the three variants, time them on the same batches, write rank0.json."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -125,14 +172,22 @@ def worker(out: Path, config: Path, steps: int, warmup: int, overrides: list[str
     scheduler = lr_schedule(optimizer, cfg, 10**6)
     run["plain"] = _plain_step(ddp, optimizer, scheduler, cfg, device)
 
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for i, batch in enumerate(batches):
         order = VARIANTS[i % 3 :] + VARIANTS[: i % 3]
         for name in order:
+            sync()
             t0 = time.perf_counter()
             run[name](batch)
+            sync()
             if i >= warmup:
                 times[name].append(1000 * (time.perf_counter() - t0))
+    util: dict[str, float | None] = {}
+    if cuda and util_s > 0:
+        for name in VARIANTS:
+            util[name] = _nvml_utilisation(device.index or 0, _cycling(run[name], batches), util_s)
     agreement = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -142,14 +197,18 @@ def worker(out: Path, config: Path, steps: int, warmup: int, overrides: list[str
         agree_update(Update.DONE, rank=env.rank, world_size=env.world_size, device=device)
         agreement.append(1000 * (time.perf_counter() - t0))
     shutdown_distributed()
+    samples = sum(x.shape[0] for x, _, _ in batches[0].values()) * env.world_size
     if env.rank == 0:
-        (out / "rank0.json").write_text(jsonio.dumps({**times, "agreement": agreement}))
+        record = {**times, "agreement": agreement, "samples_per_step": samples, "util": util}
+        params = sum(p.numel() for p in ddp.parameters())
+        (out / "rank0.json").write_text(jsonio.dumps({**record, "parameters": params}))
 
 
 def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     strategy, size, precision = name.split(":")
     sets = [*STRATEGIES[strategy], *SIZES[size], *PRECISIONS[precision]]
-    sets += ["wandb.mode=disabled", "distributed.backend=gloo", "training.log_every=1000000"]
+    sets += ["wandb.mode=disabled", f"distributed.backend={args.backend}"]
+    sets += ["training.log_every=1000000"]
     sets += [f"training.max_steps={10 * (args.steps + args.warmup)}"]
     drop = ("WANDB_", "UPS_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
@@ -160,8 +219,9 @@ def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict
         out.mkdir(parents=True)
         print(f"running: {name} (try {i + 1}/{args.repeats})", flush=True)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", "--monitor-interval=0.2", str(SCRIPT), "--worker", str(out),
-               str(config), str(args.steps), str(args.warmup), *sets]  # fmt: skip
+               f"--nproc-per-node={args.nproc}", "--monitor-interval=0.2", str(SCRIPT),
+               "--worker", str(out), str(config), str(args.steps), str(args.warmup),
+               str(args.util_seconds), *sets]  # fmt: skip
         proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
@@ -169,6 +229,9 @@ def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict
         tries.append(
             {
                 **{f"{v} ms": statistics.median(data[v]) for v in VARIANTS},
+                **{f"{v} samples/s": 1000 * data["samples_per_step"] / statistics.median(data[v])
+                   for v in VARIANTS},
+                **{f"{v} gpu util %": data["util"].get(v) for v in VARIANTS},
                 **{f"{v} / plain": statistics.median(
                     a / b for a, b in zip(data[v], data["plain"], strict=True)
                 ) for v in VARIANTS[:2]},
@@ -176,46 +239,57 @@ def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict
             }
         )  # fmt: skip
     return {"case": name, "strategy": strategy, "size": size, "precision": precision,
+            "parameters": data["parameters"], "ranks": args.nproc, "backend": args.backend,
             "tries": tries}  # fmt: skip
 
 
 def _table(results: list[dict[str, Any]]) -> list[str]:
     def cell(rows: list[dict[str, Any]], key: str, fmt: str) -> str:
-        values = [r[key] for r in rows]
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if not values:
+            return "-"
         med = statistics.median(values)
         return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
     lines = [
         "| strategy | model | precision | ups skip ms | ups fail ms | plain ms "
-        "| ups skip / plain | ups fail / plain | agreement ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ups skip / plain | ups fail / plain | agreement ms "
+        "| samples/s skip, fail, plain | GPU util % skip, fail, plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t = r["tries"]
+        rates = ", ".join(cell(t, f"{v} samples/s", ".0f") for v in VARIANTS)
+        util = ", ".join(cell(t, f"{v} gpu util %", ".0f") for v in VARIANTS)
         lines.append(
             f"| {r['strategy']} | {r['size']} | {r['precision']} | {cell(t, 'ups skip ms', '.1f')} "
             f"| {cell(t, 'ups fail ms', '.1f')} | {cell(t, 'plain ms', '.1f')} "
             f"| {cell(t, 'ups skip / plain', '.3f')} | {cell(t, 'ups fail / plain', '.3f')} "
-            f"| {cell(t, 'agreement ms', '.2f')} |"
+            f"| {cell(t, 'agreement ms', '.2f')} | {rates} | {util} |"
         )
     return lines
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
-        out, config, steps, warmup, *sets = sys.argv[2:]
-        worker(Path(out), Path(config), int(steps), int(warmup), sets)
+        out, config, steps, warmup, util_s, *sets = sys.argv[2:]
+        worker(Path(out), Path(config), int(steps), int(warmup), float(util_s), sets)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, default=REPO / "configs" / "demo.yaml")
+    parser.add_argument("--config", type=Path, default=DEMO_CONFIG)
     parser.add_argument("--steps", type=int, default=15, help="timed steps per variant per try")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="torchrun launches per case")
-    everything = [f"{s}:{m}:{p}" for s in STRATEGIES for m in SIZES for p in PRECISIONS]
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (one GPU each with nccl)")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    parser.add_argument(
+        "--util-seconds", type=float, default=3.0, help="NVML sampling per variant (CUDA only)"
+    )
+    everything = [f"{s}:{m}:{p}" for s in STRATEGIES for m in ("demo", "12x") for p in PRECISIONS]
     parser.add_argument("--cases", nargs="+", default=everything, help="strategy:size:precision")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "step-cpu")
     args = parser.parse_args()
-    if not (REPO / "data" / "demo").is_dir():
+    if args.config == DEMO_CONFIG and not (REPO / "data" / "demo").is_dir():
         subprocess.run([str(REPO / ".venv" / "bin" / "ups"), "data", "synth"], check=True, cwd=REPO)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
@@ -223,13 +297,13 @@ def main() -> None:
     import torch
 
     head = [
-        f"ups step vs plain DDP step, CPU/gloo - {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
+        f"ups step vs plain DDP step, {args.backend} x {args.nproc} rank(s) - "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
         f"torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU "
-        f"cores shared with other jobs (load average at start {load}); 2 ranks x 1 thread; "
+        f"cores shared with other jobs (load average at start {load}); {args.nproc} ranks; "
         f"{args.steps} steps per variant per try after {args.warmup} warm-up, rotating order; "
         f"{args.repeats} tries per case; each cell: median over tries (min-max)",
-        f"command: .venv/bin/python benchmarks/bench_step.py --steps {args.steps} "
-        f"--warmup {args.warmup} --repeats {args.repeats}",
+        f"command: python {' '.join(sys.argv)}",
         "",
     ]
     text = "\n".join([*head, *_table(results)]) + "\n"

@@ -238,9 +238,12 @@ class PreflightConfig(_Strict):
 
 
 FaultKind = Literal[
-    "oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save", "nan"
+    "oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save", "nan", "alloc"
 ]
-"""``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would);
+"""``oom`` raises ``torch.OutOfMemoryError`` without allocating; ``alloc`` (CUDA only) holds
+half of the device's free memory and then asks its allocator for more than is left, so the
+error is the allocator's own and the held block must be released by the skip.
+``sigkill``: the rank sends itself SIGKILL (as the OOM killer or ``docker kill`` would);
 at point ``loader`` the DataLoader worker reading that step does (``segfault`` likewise).
 ``slow_save`` makes every checkpoint write from that step on take 35 s longer (more
 than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk.

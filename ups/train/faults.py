@@ -42,10 +42,35 @@ def parse_faults(text: str) -> list[FaultConfig]:
         except ValueError as exc:
             raise ValueError(
                 f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
-                f"one of oom, exception, segfault, hang, sigterm, sigkill, slow_save, nan and "
-                f"point one of {', '.join(get_args(FaultPoint))} ({exc})"
+                "one of oom, alloc, exception, segfault, hang, sigterm, sigkill, slow_save, nan "
+                f"and point one of {', '.join(get_args(FaultPoint))} ({exc})"
             ) from None
     return faults
+
+
+def fault_problems(faults: Sequence[FaultConfig]) -> list[str]:
+    """Config problems of the armed faults that this host can see before training."""
+    if any(f.kind == "alloc" for f in faults) and not torch.cuda.is_available():
+        return [
+            "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
+            "memory); use kind oom on this host"
+        ]
+    return []
+
+
+def _allocate_past_device_memory(step: int) -> None:
+    """A real out-of-memory error from the CUDA caching allocator: hold half of what is
+    free, then ask for more than the device has in all. The held block stays referenced
+    by this frame (and so by the error's traceback), as a failed forward's activations do."""
+    device = torch.cuda.current_device()
+    free, total = torch.cuda.mem_get_info(device)
+    before = torch.cuda.memory_allocated(device)
+    log.warning(
+        "fault_alloc", step=step, free_bytes=free, total_bytes=total, allocated_bytes=before
+    )
+    held = torch.empty(free // 2, dtype=torch.uint8, device=device)
+    too_much = torch.empty(total, dtype=torch.uint8, device=device)
+    del held, too_much  # not reached: the second allocation raises
 
 
 SLOW_SAVE_S = 35.0
@@ -96,6 +121,8 @@ class FaultInjector:
         log.warning("fault_injected", kind=fault.kind, step=step, point=point)
         if fault.kind == "oom":
             raise torch.OutOfMemoryError(f"injected out-of-memory fault at step {step} ({point})")
+        if fault.kind == "alloc":
+            _allocate_past_device_memory(step)
         if fault.kind == "exception":
             raise RuntimeError(f"injected exception fault at step {step}")
         if fault.kind == "segfault":

@@ -419,6 +419,16 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def _cuda_memory(self) -> dict[str, int]:
+        """What this rank's GPU holds after a skip: shows whether the skipped step's memory
+        went back (allocated) and whether the allocator returned it to the device (reserved)."""
+        if self.device.type != "cuda":
+            return {}
+        return {
+            "cuda_allocated_bytes": torch.cuda.memory_allocated(self.device),
+            "cuda_reserved_bytes": torch.cuda.memory_reserved(self.device),
+        }
+
     def _save_failure(self) -> RunFailed:
         if self.save_error is not None:
             return RunFailed(
@@ -455,6 +465,7 @@ class Trainer:
             nonfinite_ranks=nonfinite_ranks,
             reason=reason,
             consecutive=self.state.consecutive_skips,
+            **self._cuda_memory(),
         )
         if self.state.consecutive_skips >= self.cfg.training.max_consecutive_skips:
             what = "out-of-memory" if oom_ranks else "non-finite loss or gradient"

@@ -22,7 +22,7 @@ from ups.model import model_problems
 from ups.outcome import EXIT_CONFIG
 from ups.train.amp import precision_problems
 from ups.train.cache import cache_problems
-from ups.train.faults import ENV_VAR, parse_faults
+from ups.train.faults import ENV_VAR, fault_problems, parse_faults
 from ups.train.run import task_shapes, train
 from ups.train.signals import StopFlag
 from ups.train.tracking import decide_wandb_for_rank
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.cache.enabled:
             problems += cache_problems(cfg, infos)
         problems += precision_problems(cfg)
+        problems += fault_problems(cfg.faults)
         if problems:
             raise ConfigError(args.config, problems)
     except (ConfigError, DataError, ValueError) as exc:

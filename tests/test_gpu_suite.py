@@ -1,0 +1,169 @@
+"""The GPU suite (scripts/gpu-suite.sh) and its wheels (scripts/gpu-wheels.sh), checked on a
+machine without a GPU: ``--cpu`` end to end, the wheels' size against the device limit."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+from tests.fault_helpers import strict_json
+
+CUDA_ONLY = {
+    "cache-cuda-file",
+    "pytest-cuda",
+    "train-cuda-fp32",
+    "train-cuda-bf16",
+    "train-cuda-fp16",
+    "train-cuda-compile",
+    "oom-real",
+}
+EVERYWHERE = {
+    "wheels",
+    "preflight",
+    "versions",
+    "cache-cpu-file",
+    "data",
+    "train-cpu",
+    "throughput",
+}
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "UPS_", "OUT"))}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.slow
+def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path) -> None:
+    """``gpu-suite.sh --cpu``: every CUDA-only step says "skipped: no CUDA", every other
+    step passed, and the results (strict JSON, the same in --results-dir and $OUT) name the
+    versions and each step's duration."""
+    out, results = tmp_path / "out", tmp_path / "results"
+    out.mkdir()
+    proc = subprocess.run(
+        ["bash", "scripts/gpu-suite.sh", "--cpu", "--results-dir", str(results),
+         "--wheels", str(tmp_path / "no-wheels")],
+        capture_output=True, text=True, timeout=480, cwd=REPO, env=_env(OUT=str(out)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    doc = strict_json(results / "gpu-suite-cpu.json")
+    assert doc == strict_json(out / "gpu-suite-cpu.json")
+    steps: dict[str, dict[str, Any]] = {s["name"]: s for s in doc["steps"]}
+    assert set(steps) == CUDA_ONLY | EVERYWHERE
+    for name in CUDA_ONLY:
+        assert (steps[name]["status"], steps[name]["reason"]) == ("skipped", "no CUDA"), name
+        assert f"== {name}:" in proc.stdout
+    assert proc.stdout.count("skipped: no CUDA") == len(CUDA_ONLY)
+    for name in EVERYWHERE:
+        assert steps[name]["status"] == "passed", steps[name]
+        assert steps[name]["duration_s"] > 0
+    assert doc["counts"] == {"passed": len(EVERYWHERE), "failed": 0, "skipped": len(CUDA_ONLY)}
+    assert doc["facts"]["torch"] == str(torch.__version__)
+    assert doc["facts"]["device"] is None and doc["facts"]["cuda"] is None
+    assert "eval/advection/rel_l2" in steps["train-cpu"]["details"]["metrics"]
+    cases = steps["throughput"]["details"]["cases"]
+    assert cases[0]["tries"][0]["plain samples/s"] > 0
+    assert cases[0]["tries"][0]["ups fail samples/s"] > 0
+    assert (out / "gpu-step-cpu.txt").is_file() and (out / "gpu-suite.log").is_file()
+    assert len(list(out.iterdir())) <= 8  # what comes back from the device machine
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the behaviour of a GPU-less host")
+def test_suite_without_cuda_and_without_cpu_flag_says_how_to_run_it(tmp_path: Path) -> None:
+    """On a host without a GPU the plain command stops at once (exit 2) naming --cpu."""
+    proc = subprocess.run(
+        ["bash", "scripts/gpu-suite.sh", "--results-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=_env(),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "torch sees no CUDA device here; on a host without a GPU run with --cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_gpu_wheels_download_stays_under_the_device_limit(tmp_path: Path) -> None:
+    """gpu-wheels.sh (from PyPI) fetches CPython 3.12 manylinux wheels of what the GPU
+    machine lacks, never torch or nvidia-*, under 64 MiB with the working tree, and prints
+    the device call with the folder to carry."""
+    dest = tmp_path / "wheels"
+    proc = subprocess.run(
+        ["bash", "scripts/gpu-wheels.sh", str(dest)],
+        capture_output=True, text=True, timeout=420, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    wheels = sorted(dest.glob("*.whl"))
+    names = {w.name.split("-")[0].lower() for w in wheels}
+    assert {"structlog", "pydantic", "pydantic_core", "wandb", "fabric", "tenacity"} <= names
+    assert not {n for n in names if n.startswith(("torch", "nvidia", "triton"))}
+    wheels_mod = _script("gpu_wheels")
+    assert not names & {n.replace("-", "_") for n in wheels_mod.ON_GPU_MACHINE}
+    total = sum(w.stat().st_size for w in wheels) + wheels_mod.tree_bytes()
+    assert total < 64 << 20, f"{total / 2**20:.1f} MiB"
+    assert _script("gpu_suite")._check_wheel_tags(wheels) == []
+    assert f'command: "bash scripts/gpu-suite.sh --wheels {dest}"' in proc.stdout
+    assert f'carry:   ["{dest}"]' in proc.stdout
+
+
+def test_wheel_tags_refuse_torch_and_other_pythons(tmp_path: Path) -> None:
+    """Only wheels that install on CPython 3.12 manylinux x86_64 may travel, and never torch
+    or nvidia-* (the GPU machine's own CUDA build must stay)."""
+    names = [
+        "structlog-26.1.0-py3-none-any.whl",
+        "pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+        "pydantic_core-2.50.5-cp311-cp311-manylinux2014_x86_64.whl",
+        "cryptography-49.0.0-cp311-abi3-manylinux_2_28_x86_64.whl",
+        "pynacl-1.6.2-cp38-abi3-macosx_10_10_universal2.whl",
+        "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+        "nvidia_nccl_cu13-2.28.0-py3-none-manylinux_2_18_x86_64.whl",
+    ]
+    problems = _script("gpu_suite")._check_wheel_tags([tmp_path / n for n in names])
+    assert problems == [
+        f"{names[2]} does not install on CPython 3.12 manylinux x86_64",
+        f"{names[4]} does not install on CPython 3.12 manylinux x86_64",
+        f"{names[5]} must not travel (the GPU machine's own build is used)",
+        f"{names[6]} must not travel (the GPU machine's own build is used)",
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the behaviour of a GPU-less host")
+def test_alloc_fault_without_cuda_is_a_config_problem() -> None:
+    """The real-OOM fault needs the CUDA allocator: on a CPU host it is refused up front."""
+    from ups.config import FaultConfig
+    from ups.train.faults import fault_problems
+
+    alloc = FaultConfig(kind="alloc", rank=0, step=3)
+    assert fault_problems([alloc]) == [
+        "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
+        "memory); use kind oom on this host"
+    ]
+    assert fault_problems([FaultConfig(kind="oom", rank=0, step=3)]) == []
+
+
+def test_results_file_stays_strict_json_with_non_finite_numbers() -> None:
+    """A NaN or inf in a step's details (a diverged run's metric) is written as null, so the
+    results file is still strict JSON and the suite still writes it."""
+    suite = _script("gpu_suite")
+    clean = suite.finite({"a": [1.0, math.nan], "b": {"c": math.inf, "d": "x"}})
+    assert clean == {"a": [1.0, None], "b": {"c": None, "d": "x"}}
