@@ -20,6 +20,9 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/ups demo
+	@echo
+	@echo "ups is installed in $(VENV)/bin: run \`source $(VENV)/bin/activate\` in each new shell"
+	@echo "to put ups, ups-preflight and fab on PATH (README: After make demo)."
 
 test: $(STAMP)
 	bash scripts/test.sh
