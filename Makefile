@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo try-deploy test lint bench clean
 
 $(STAMP): pyproject.toml
 	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
@@ -20,6 +20,13 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/ups demo
+	@echo
+	@echo "ups is installed in $(VENV)/bin: run \`source $(VENV)/bin/activate\` in each new shell"
+	@echo "to put ups, ups-preflight and fab on PATH (README: After make demo)."
+
+# A loopback SSH host to try `fab deploy` on (README: Try deploy on this machine first).
+try-deploy: $(STAMP)
+	$(BIN)/ups dev-host up
 
 test: $(STAMP)
 	bash scripts/test.sh

@@ -4,7 +4,13 @@
 #   scripts/build-images.sh              # CPU base (if missing) + ups:cpu
 #   scripts/build-images.sh --gpu        # ups:gpu FROM the pinned pytorch/pytorch image
 #                                        # (needs a registry that has it)
+#   scripts/build-images.sh --gpu --push ghcr.io/you/ups:0.1.0   # build, tag, push
+#   scripts/build-images.sh --push 127.0.0.1:5000/ups:cpu        # the CPU image, pushed
+#   scripts/build-images.sh --gpu --build-args                   # print the build args only
 #   UPS_IMAGE_CPU=ups:test scripts/build-images.sh
+#
+# --push needs `docker login REGISTRY` first (GHCR: a token with write:packages).
+# .github/workflows/publish-image.yml builds the GPU image with --build-args' output.
 #
 # Labels carry the pins from pins.toml and the git revision, so `docker inspect` on any
 # host tells which versions and which commit an image holds.
@@ -51,9 +57,44 @@ build() {  # build TAG BASE CUDA
     log "built $1 in $((SECONDS - start))s ($(docker image inspect -f '{{.Size}}' "$1") bytes)"
 }
 
-if [ "${1:-}" = "--gpu" ]; then
+gpu=0 push="" args_only=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --gpu) gpu=1 ;;
+        --push)
+            [ $# -ge 2 ] || { log "--push needs an image reference: --push REGISTRY/ups:TAG"; exit 2; }
+            push=$2; shift ;;
+        --build-args) args_only=1 ;;
+        *) log "unknown option $1 (use --gpu, --push REGISTRY/ups:TAG, --build-args)"; exit 2 ;;
+    esac
+    shift
+done
+
+if [ "$args_only" = 1 ]; then  # KEY=VALUE lines, as docker/build-push-action's build-args
+    printf '%s\n' "${common_args[@]}" | grep -E '^[A-Z_]+=' || true
+    if [ "$gpu" = 1 ]; then
+        printf 'BASE_IMAGE=%s\nCUDA_VERSION=%s\n' "$GPU_BASE" "$CUDA_VERSION"
+    else
+        printf 'BASE_IMAGE=%s\nCUDA_VERSION=none\n' "$BASE_CPU"
+    fi
+    exit 0
+fi
+
+if [ "$gpu" = 1 ]; then
+    image=$IMAGE_GPU
     build "$IMAGE_GPU" "$GPU_BASE" "$CUDA_VERSION"
 else
+    image=$IMAGE_CPU
     "$ROOT/docker/base-cpu.sh"
     build "$IMAGE_CPU" "$BASE_CPU" "none"
+fi
+
+if [ -n "$push" ]; then
+    start=$SECONDS
+    docker tag "$image" "$push"
+    log "pushing $push"
+    docker push --quiet "$push" >&2
+    digest=$(docker image inspect -f '{{join .RepoDigests "\n"}}' "$push" | grep -F "${push%:*}@" | head -1)
+    log "pushed $push in $((SECONDS - start))s: $digest"
+    echo "$digest"
 fi

@@ -13,6 +13,7 @@ COMMANDS = {
     "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
     "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
     "checkpoint": ("ups.cli.checkpoint", "`ups checkpoint export RUN`: one weights file"),
+    "dev-host": ("ups.cli.devhost", "`ups dev-host up|down`: a local SSH host to try deploy on"),
 }
 
 

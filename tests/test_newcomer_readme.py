@@ -1,0 +1,100 @@
+"""The README's first commands after `make demo` work as written, in a new shell.
+
+The commands are parsed from README.md (the block under "After `make demo`"), so the
+test fails when the README drifts from what works.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy_fixtures import demo_data
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+__all__ = ["demo_data"]  # fixture used by name below
+
+
+def readme_after_demo_block() -> list[str]:
+    """The commands of the first ```bash block under the "After `make demo`" heading,
+    comments removed, in order."""
+    text = (REPO / "README.md").read_text()
+    heading = text.index("### After `make demo`")
+    block = re.search(r"```bash\n(.*?)```", text[heading:], re.S)
+    assert block, "README: no ```bash block under 'After `make demo`'"
+    commands = []
+    for line in block.group(1).splitlines():
+        command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+        if command:
+            commands.append(command)
+    return commands
+
+
+def test_readme_block_activates_the_venv_first() -> None:
+    """The block starts by putting ups on PATH and then runs ups commands."""
+    commands = readme_after_demo_block()
+    assert commands[0] == "source .venv/bin/activate", commands
+    assert len(commands) >= 4 and all(c.startswith("ups ") for c in commands[1:4]), commands
+
+
+def _new_shell_env() -> dict[str, str]:
+    """The environment of a new terminal: this venv is neither active nor on PATH."""
+    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONPATH"}}
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != VENV_BIN]
+    env["PATH"] = os.pathsep.join(path or ["/usr/bin", "/bin"])
+    return env
+
+
+def _workspace(tmp_path: Path, data: Path) -> Path:
+    """A checkout as `make demo` leaves it: .venv, configs/ and data/demo/."""
+    work = tmp_path / "clone"
+    work.mkdir()
+    (work / ".venv").symlink_to(VENV_BIN.parent)
+    (work / "configs").symlink_to(REPO / "configs")
+    (work / "data").mkdir()
+    (work / "data" / "demo").symlink_to(data)
+    return work
+
+
+@pytest.mark.slow
+def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_path: Path) -> None:
+    """`source .venv/bin/activate` then the next three README commands, each exit 0 with the
+    output the README describes; without the activation the first one is not found."""
+    commands = readme_after_demo_block()[:4]
+    work = _workspace(tmp_path, demo_data)
+    env = _new_shell_env()
+    outputs = []
+    for i in range(1, 4):
+        # One new shell per command, the venv activated first, as a person types them.
+        script = f"{commands[0]}\n{commands[i]}"
+        proc = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-e", "-c", script],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert proc.returncode == 0, f"{commands[i]!r} exited {proc.returncode}:\n{proc.stderr}"
+        outputs.append(proc.stdout + proc.stderr)
+    data_check, preflight, plan = outputs
+    assert data_check.count("data ok") == 2, data_check  # both demo tasks
+    assert "preflight OK" in preflight, preflight
+    assert '"nproc_per_node"' in plan or "torchrun" in plan, plan
+
+    bare = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", commands[1]],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bare.returncode == 127, (bare.returncode, bare.stderr)

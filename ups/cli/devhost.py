@@ -1,0 +1,90 @@
+"""``ups dev-host up|down|status``: a loopback SSH host on this machine to try deploy on.
+
+``up`` starts a real sshd on 127.0.0.1 in a temporary directory and writes a hosts file
+with its entry (``local``); ``down`` ends the sshd and every run deployed to it and
+removes the directory. Exit codes: 0 done, 1 the host could not start, 2 nothing to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from ups import devhost
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ups dev-host",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=devhost.STATE_DIR,
+        help=f"where the running dev host is recorded, with its hosts.yaml "
+        f"(default: {devhost.STATE_DIR})",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="demo data directory to link into the host's workdir (default: data/demo; "
+        "written with `ups data synth` when missing)",
+    )
+    return p
+
+
+def _describe(host: devhost.DevHost, started: bool) -> str:
+    entry = yaml.safe_load(host.hosts_file.read_text())["hosts"]
+    verb = "started" if started else "already running"
+    return "\n".join(
+        [
+            f"dev host {verb}: sshd on 127.0.0.1:{host.port} (pid {host.pid}), files in "
+            f"{host.root}",
+            f"hosts file {host.hosts_file} holds this entry:",
+            "",
+            *("  " + line for line in yaml.safe_dump(entry, sort_keys=False).splitlines()),
+            "",
+            "Use it (in this shell):",
+            f"  export UPS_HOSTS_FILE={host.hosts_file}",
+            "  fab deploy --host local --config configs/demo.yaml",
+            "Remove it, with every run deployed to it: ups dev-host down",
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.action == "up":
+        running = devhost.read_state(args.state_dir)
+        started = running is None or not running.alive()
+        try:
+            host = devhost.up(args.state_dir, args.data)
+        except devhost.DevHostError as exc:
+            print(f"ups dev-host up: {exc}", file=sys.stderr)
+            return 1
+        print(_describe(host, started))
+        return 0
+    if args.action == "status":
+        recorded = devhost.read_state(args.state_dir)
+        if recorded is None or not recorded.alive():
+            print("no dev host running (start one with `ups dev-host up`)")
+            return 2 if recorded is None else 1
+        print(_describe(recorded, started=False))
+        return 0
+    stopped = devhost.down(args.state_dir)
+    if stopped is None:
+        print(
+            f"ups dev-host down: no dev host recorded in {args.state_dir} (nothing to stop; "
+            "run it from the directory where you ran `ups dev-host up`, or pass --state-dir)",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"dev host stopped: sshd {stopped.pid} and its runs ended, {stopped.root} removed")
+    return 0
