@@ -35,6 +35,9 @@ install_apt_packages() {
     [ -x /usr/bin/docker-init ] || missing+=(tini)
     [ -x /usr/sbin/debootstrap ] || command -v debootstrap >/dev/null 2>&1 \
         || missing+=(debootstrap)
+    # docker-registry (distribution 2.8) serves the registry API on loopback for the push test
+    # (tests/test_publish.py): this machine reaches no public registry.
+    [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
     if [ ${#missing[@]} -eq 0 ]; then return 0; fi
     log "installing ${missing[*]} with apt-get"
     $SUDO apt-get update -q >/dev/null
