@@ -14,7 +14,7 @@ from typing import Any
 
 from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import TorchrunResult, WorkerFailure
+from ups.launch.runner import TorchrunResult, WorkerFailure, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -167,7 +167,19 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         )
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
+    elif written.outcome == "preempted" and result.received_signal not in (None, written.signal):
+        final = _named_as_received(written, result.received_signal)
     return final
+
+
+def _named_as_received(written: Outcome, sig: str | None) -> Outcome:
+    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT). The
+    outcome names what was sent, and keeps the trainer's account of the stop after it."""
+    assert sig is not None
+    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGTERM received; "
+    return dataclasses.replace(
+        written, signal=sig, reason=f"{received(sig)} by ups launch; {stop or written.reason}"
+    )
 
 
 def _finished_before_the_stop(result: TorchrunResult) -> bool:

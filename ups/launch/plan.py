@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ class LaunchPlan:
     """The rendezvous store's port on node 0; workers get it as ``MASTER_PORT``."""
     port_note: str | None
     """Why ``master_port`` differs from the preferred one, when it does."""
+    port_fixed: bool
+    """The port came with ``--rdzv-endpoint``: other nodes use it too, so it cannot move."""
     torchrun_argv: list[str]
     env: dict[str, str]
     """Variables launch adds to (or defaults in) the workers' environment."""
@@ -142,6 +144,18 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def with_master_port(self, port: int, note: str) -> LaunchPlan:
+        """The same plan on another master port (torchrun found this one taken)."""
+        assert not self.port_fixed, "a shared --rdzv-endpoint cannot move"
+        host, _ = split_endpoint(self.rdzv_endpoint)
+        endpoint = f"{host}:{port}"
+        argv = list(self.torchrun_argv)
+        at = next(i for i, a in enumerate(argv) if a.startswith("--rdzv-endpoint="))
+        argv[at] = f"--rdzv-endpoint={endpoint}"  # torchrun's own flag, not a script's
+        return replace(
+            self, rdzv_endpoint=endpoint, master_port=port, port_note=note, torchrun_argv=argv
+        )
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -253,6 +267,7 @@ def build_plan(
         master_port_preferred=preferred,
         master_port=port,
         port_note=port_note,
+        port_fixed=req.rdzv_endpoint is not None,
         torchrun_argv=torchrun_argv,
         env=_worker_env(run_id, str(run_dir), gpu_count, environ),
         preflight=not (req.skip_preflight or req.preflight_passed_by),

@@ -118,6 +118,12 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def received(name: str) -> str:
+    """How people know the signal: Ctrl-C is SIGINT, a closed terminal SIGHUP."""
+    how = {"SIGINT": " (Ctrl-C)", "SIGHUP": " (terminal closed)"}.get(name, "")
+    return f"{name}{how} received"
+
+
 @contextmanager
 def handling_stop_signals(
     handler: Callable[[int, FrameType | None], None],
@@ -137,6 +143,9 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
 
     Only the first signal is forwarded: torchrun is then already giving the workers their
     grace period (``--shutdown-timeout``) before SIGKILL; a second signal would cut it short.
+    Always SIGTERM, whatever arrived: a worker still importing has no handler yet, and dies
+    of SIGTERM quietly where SIGINT would print a KeyboardInterrupt traceback. The signal
+    that arrived is the one the outcome names (``finalize``).
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -145,7 +154,11 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
             log.warning("already stopping; workers are finishing", signal=name)
             return
         state["signal"] = name
-        log.warning("stopping: forwarding SIGTERM to torchrun", signal=name)
+        log.warning(
+            f"{received(name)}: the workers stop at the next step and save a checkpoint",
+            signal=name,
+            forwarded="SIGTERM to torchrun",
+        )
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
