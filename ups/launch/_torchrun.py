@@ -23,13 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError
-from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from ups import jsonio
 from ups.fsio import atomic_write_text
+from ups.launch.ranklogs import FifoLogsSpecs
 
 _PR_SET_PDEATHSIG = 1
 
@@ -80,10 +82,20 @@ def _store_port_taken(err: DistNetworkError) -> bool:
     return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
+def _fifo_logs_specs(logs_specs_name: str | None) -> type[LogsSpecs]:
+    del logs_specs_name  # one kind here: launch's
+    return FifoLogsSpecs
+
+
 def main(argv: list[str]) -> int:
     _die_with_parent()
     result_path = Path(argv[0])
     args = get_args_parser().parse_args(argv[1:])
+    # Each rank's --redirects destinations become named pipes that launch reads
+    # (ups.launch.ranklogs). torchrun picks its LogsSpecs class by entry-point name; this
+    # child runs torchrun in-process, so it hands over the class directly instead of
+    # depending on the package's installed metadata.
+    torch_run._get_logs_specs_class = _fifo_logs_specs
     result: dict[str, Any] = {"status": "ok", "failures": {}, "signal": None, "error": None}
     rc = 0
     try:

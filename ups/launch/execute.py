@@ -57,7 +57,12 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         level = log.warning if outcome.outcome == "preempted" else log.error
         retryable, _ = retry_verdict(outcome)
         if retryable and outcome.outcome != "finished":
-            extra["resume"] = "run the same command again to continue from the last checkpoint"
+            extra["resume"] = (
+                "run the same command again to continue from the last checkpoint"
+                if plan.script is None
+                # ups keeps no checkpoint of a script's; whether it resumes is the script's
+                else "run the same command again to start the script again"
+            )
     level(
         f"run {outcome.outcome}",
         outcome=outcome.outcome,

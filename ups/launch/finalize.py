@@ -50,7 +50,9 @@ def _traceback_location(plan: LaunchPlan, failure: WorkerFailure) -> str:
     if failure.error_file:
         return failure.error_file
     rank_log = Path(plan.run_dir) / "logs" / f"rank{failure.rank}.jsonl"
-    return str(rank_log) if rank_log.exists() else plan.log_path
+    if rank_log.exists():  # the trainer's log: its rank_failed event holds the traceback
+        return str(rank_log)
+    return plan.log_path  # a script's rank: what it printed, torchrun's summary
 
 
 def _describe(failure: WorkerFailure) -> str:
@@ -59,7 +61,9 @@ def _describe(failure: WorkerFailure) -> str:
     if (death := worker_death(failure.message)) is not None:
         return f"rank {failure.rank} exited with code {failure.exitcode}: its {death.describe()}"
     first = failure.message.strip().splitlines()[0] if failure.message.strip() else ""
-    detail = f": {first[:200]}" if first and not first.startswith("To enable traceback") else ""
+    if not first or first.startswith("To enable traceback"):  # no @record, no error file
+        first = failure.printed or ""  # what the rank printed: its traceback's last line
+    detail = f": {first[:200]}" if first else ""
     return f"rank {failure.rank} exited with code {failure.exitcode}{detail}"
 
 

@@ -158,6 +158,11 @@ class LaunchPlan:
         )
 
 
+def torchelastic_dir(run_dir: str | Path) -> Path:
+    """torchrun's ``--log-dir``: its per-rank output files and error files live here."""
+    return Path(run_dir) / "torchelastic"
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``). Raises ValueError with the fix."""
     host, sep, port = endpoint.rpartition(":")
@@ -275,7 +280,7 @@ def build_plan(
         preflight_strict=req.preflight_strict,
         preflight_skip=list(req.preflight_skip),
         log_path=str(run_dir / "logs" / "launch.log"),
-        result_path=str(run_dir / "torchelastic" / f"node{req.node_rank}-result.json"),
+        result_path=str(torchelastic_dir(run_dir) / f"node{req.node_rank}-result.json"),
         stop_grace_s=grace,
         max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
         restart_backoff_s=dcfg.restart_backoff_s,
@@ -321,7 +326,10 @@ def _torchrun_argv(
         f"--rdzv-id={run_id}",
         # A node whose peers never come fails after this instead of waiting torch's 600 s.
         f"--rdzv-conf=timeout={rdzv_timeout}",
-        f"--log-dir={run_dir / 'torchelastic'}",
+        f"--log-dir={torchelastic_dir(run_dir)}",
+        # Each rank's stdout and stderr to files of its own, which launch follows and merges
+        # whole lines at a time (ups.launch.ranklogs): ranks sharing a pipe split lines.
+        "--redirects=3",
         # In-place restarts are launch's (--max-restarts): it reads the outcome between
         # attempts and restarts only for retryable causes (ups.retry).
         "--max-restarts=0",
