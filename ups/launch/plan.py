@@ -159,8 +159,14 @@ class LaunchPlan:
 
 
 def torchelastic_dir(run_dir: str | Path) -> Path:
-    """torchrun's ``--log-dir``: its per-rank output files and error files live here."""
+    """Where torchrun's files for this run live (results, per-rank outputs, error files)."""
     return Path(run_dir) / "torchelastic"
+
+
+def rank_log_dir(run_dir: str | Path, node_rank: int) -> Path:
+    """torchrun's ``--log-dir`` on one node. Per node: the nodes of a run may share the run
+    directory (one filesystem), and torchrun names its folder after the run id alone."""
+    return torchelastic_dir(run_dir) / f"node{node_rank}"
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -326,7 +332,7 @@ def _torchrun_argv(
         f"--rdzv-id={run_id}",
         # A node whose peers never come fails after this instead of waiting torch's 600 s.
         f"--rdzv-conf=timeout={rdzv_timeout}",
-        f"--log-dir={torchelastic_dir(run_dir)}",
+        f"--log-dir={rank_log_dir(run_dir, req.node_rank)}",
         # Each rank's stdout and stderr to files of its own, which launch follows and merges
         # whole lines at a time (ups.launch.ranklogs): ranks sharing a pipe split lines.
         "--redirects=3",

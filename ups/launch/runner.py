@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from ups.launch.plan import LaunchPlan, torchelastic_dir
+from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, printed_exception
 from ups.launch.tee import LineTee
@@ -200,7 +200,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
-    rank_logs = RankLogs(torchelastic_dir(plan.run_dir), plan.nproc_per_node, pass_on)
+    rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
     log.info("starting torchrun", cmd=cmd, shutdown_timeout_s=plan.stop_grace_s)
     # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
     # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
