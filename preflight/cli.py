@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--skip", action="append", default=[], metavar="NAMES", help="skip these checks/groups"
     )
-    p.add_argument("--shm-path", type=Path, default=Path("/dev/shm"))
+    p.add_argument("--shm-path", type=Path, default=Path("/dev/shm"), help="shared memory to check")
     p.add_argument("--pins", type=Path, dest="pins_path", help="pins.toml (default: repo's)")
     p.add_argument(
         "--min-busbw",

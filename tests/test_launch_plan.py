@@ -44,7 +44,7 @@ def test_dry_run_prints_the_plan_as_json(
     argv_ = plan["torchrun_argv"]
     assert "--rdzv-backend=static" in argv_
     assert f"--rdzv-endpoint=127.0.0.1:{plan['master_port']}" in argv_
-    assert f"--log-dir={out / 'r1' / 'torchelastic'}" in argv_
+    assert f"--log-dir={out / 'r1' / 'torchelastic' / 'node0'}" in argv_
     assert "--rdzv-conf=timeout=300" in argv_
     assert argv_[-3:] == ["my_train.py", "--lr", "0.1"]
     assert plan["env"]["UPS_RUN_ID"] == "r1"

@@ -32,9 +32,19 @@ class RetryRule:
 
 RETRY_TABLE: tuple[RetryRule, ...] = (
     RetryRule(
-        "preempted", True, (EXIT_PREEMPTED,), "SIGTERM; every rank stopped, checkpoint written"
+        "preempted",
+        True,
+        (EXIT_PREEMPTED,),
+        "stopped while training: SIGTERM (docker stop, Vast), or Ctrl-C/SIGHUP to ups "
+        "launch; every rank stopped, checkpoint written",
     ),
-    RetryRule("stopped", True, (129, 130, 143), "ups launch itself got SIGHUP/SIGINT/SIGTERM"),
+    RetryRule(
+        "stopped",
+        True,
+        (129, 130, 143),
+        "ups launch got SIGHUP/SIGINT/SIGTERM outside training (preflight, startup, "
+        "wrap-up): no checkpoint of that moment",
+    ),
     RetryRule("killed", True, (), "no outcome.json: ups launch was killed or the host died"),
     RetryRule("rank_signal", True, (), "a rank died by a signal (SIGKILL, SIGSEGV, SIGBUS...)"),
     RetryRule(

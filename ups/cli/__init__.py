@@ -22,7 +22,11 @@ def _usage() -> str:
     # `ups --help | less`, and two columns need no library.
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "usage: ups COMMAND [ARGS...]\n\ncommands:\n" + "\n".join(lines)
+    return (
+        "usage: ups COMMAND [ARGS...]\n       ups --version\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\nRun `ups COMMAND --help` for a command's options."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

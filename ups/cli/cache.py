@@ -19,11 +19,21 @@ from ups.train.run import make_model
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ups cache", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="ups cache",
+        description="Encode a config's training inputs once into cache.dir (ups cache build).",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="encode the training inputs into cache.dir")
-    build.add_argument("config")
-    build.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    build.add_argument("config", help="run config (its cache section says where and what)")
+    build.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, as for `ups launch` (repeatable)",
+    )
     build.add_argument(
         "--checkpoint",
         type=Path,

@@ -12,7 +12,11 @@ from ups.train.export import NothingToExport, export_weights
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ups checkpoint", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ups checkpoint",
+        description="`ups checkpoint export RUN`: the run's newest good weights as one file "
+        "for inference.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser(
         "export",

@@ -13,14 +13,24 @@ from ups.log import get_logger, setup_logging
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ups data", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ups data",
+        description="Write the demo data (synth) or check a config's data files (check).",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     synth = sub.add_parser("synth", help="write the demo files in PDEBench layout")
     synth.add_argument("--out", type=Path, default=Path("data/demo"), help="output directory")
     synth.add_argument("--seed", type=int, default=0, help="the files are a function of it")
     check = sub.add_parser("check", help="check every task's file against its layout")
-    check.add_argument("config", type=Path)
-    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument("config", type=Path, help="run config whose tasks[].path to check")
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, as for `ups launch` (repeatable)",
+    )
     return parser
 
 

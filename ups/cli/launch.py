@@ -31,7 +31,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Arguments after `--` go to --script.",
     )
     p.add_argument("config", nargs="?", help="run config YAML (not needed with --script)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set training.epochs=2 (repeatable; the value "
+        "is read as YAML)",
+    )
     p.add_argument("--nproc-per-node", type=int, help="default: config, else GPUs, else 2")
     p.add_argument(
         "--gpus",
@@ -39,8 +47,18 @@ def _parser() -> argparse.ArgumentParser:
         help="the GPUs this job uses (sets CUDA_VISIBLE_DEVICES for preflight and workers; "
         "--nproc-per-node defaults to their count)",
     )
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=1,
+        help="how many machines run this job; start `ups launch` on each (default: 1)",
+    )
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="this machine's index, 0..NNODES-1; node 0 hosts the rendezvous (default: 0)",
+    )
     p.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address (multi-node)")
     p.add_argument(
         "--run-id",
@@ -64,7 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output-dir", help="default: run.output_dir from the config, else runs")
     p.add_argument("--master-port", type=int, help="default: distributed.master_port (29500)")
-    p.add_argument("--skip-preflight", action="store_true")
+    p.add_argument(
+        "--skip-preflight",
+        action="store_true",
+        help="start torchrun without checking the host first (warned; the data files are "
+        "still checked)",
+    )
     p.add_argument(
         "--preflight-passed-by",
         metavar="WHO",
@@ -146,10 +169,12 @@ def main(argv: list[str]) -> int:
             fresh=args.fresh,
             max_restarts=args.max_restarts,
         )
-        # Missing data files are preflight's to report in detail; without it, fail here.
+        # Every problem the config check can see (a missing data file or cache directory
+        # included) is a config error now, before a run directory exists or `latest` moves;
+        # preflight is for what needs the files opened or the host probed.
         cfg: Config | None = None
         if req.config_path is not None:
-            cfg = load_config(req.config_path, req.overrides, check_files=req.skip_preflight)
+            cfg = load_config(req.config_path, req.overrides)
         from preflight import select_checks
         from ups.launch.ports import reserve_port
 

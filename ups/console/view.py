@@ -249,7 +249,9 @@ class ConsoleView:
     def _summary(self, fields: dict[str, Any]) -> None:
         self._summarized = True
         if self._total:
-            fields["steps"] = f"{self._done}/{self._total}, {self._skipped} skipped"
+            # The outcome's step (the checkpoint's number), not the last progress line's.
+            done = int(fields.get("step") or self._done)
+            fields["steps"] = f"{done}/{self._total}, {self._skipped} skipped"
         fields.setdefault("checkpoint", self._checkpoint)
         if self._warnings or self._errors:
             fields["warnings"] = f"{self._warnings} warning(s), {self._errors} error(s) above"

@@ -8,6 +8,10 @@ torchrun's log lines, so a failed rank's exit code and signal arrive exactly.
 
 Exit code: 0 when every worker exited 0; 1 when a worker failed or torchrun itself
 failed (what torchrun exits with); 128 + signum when this agent was stopped by a signal.
+
+Status ``port_in_use``: the agent could not bind the rendezvous store's port (another
+process took it after launch checked it). No worker has started at that point, so
+launch can try again on another port; no traceback is printed for it.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.api import SignalException
+import torch.distributed.run as torch_run
+from torch.distributed import DistNetworkError
+from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from ups import jsonio
 from ups.fsio import atomic_write_text
+from ups.launch.ranklogs import FifoLogsSpecs
 
 _PR_SET_PDEATHSIG = 1
 
@@ -69,10 +76,26 @@ def _write(path: Path, result: dict[str, Any]) -> None:
         print(f"ups launch: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
 
+def _store_port_taken(err: DistNetworkError) -> bool:
+    """The agent's store could not listen: its port is bound by another process."""
+    text = str(err)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+def _fifo_logs_specs(logs_specs_name: str | None) -> type[LogsSpecs]:
+    del logs_specs_name  # one kind here: launch's
+    return FifoLogsSpecs
+
+
 def main(argv: list[str]) -> int:
     _die_with_parent()
     result_path = Path(argv[0])
     args = get_args_parser().parse_args(argv[1:])
+    # Each rank's --redirects destinations become named pipes that launch reads
+    # (ups.launch.ranklogs). torchrun picks its LogsSpecs class by entry-point name; this
+    # child runs torchrun in-process, so it hands over the class directly instead of
+    # depending on the package's installed metadata.
+    torch_run._get_logs_specs_class = _fifo_logs_specs
     result: dict[str, Any] = {"status": "ok", "failures": {}, "signal": None, "error": None}
     rc = 0
     try:
@@ -83,6 +106,13 @@ def main(argv: list[str]) -> int:
     except SignalException as err:
         result.update(status="signal", signal=signal.Signals(err.sigval).name)
         rc = 128 + int(err.sigval)
+    except DistNetworkError as err:
+        if not _store_port_taken(err):
+            result.update(status="error", error=f"{type(err).__name__}: {err}")
+            _write(result_path, result)
+            raise
+        result.update(status="port_in_use", error=f"{type(err).__name__}: {err}")
+        rc = 1
     except Exception as err:
         result.update(status="error", error=f"{type(err).__name__}: {err}")
         _write(result_path, result)

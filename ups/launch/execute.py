@@ -28,6 +28,7 @@ from ups.launch.finalize import (
 )
 from ups.launch.memory import snapshot
 from ups.launch.plan import LaunchPlan
+from ups.launch.ports import release, reserve_port
 from ups.launch.procs import become_subreaper, sweep
 from ups.launch.runner import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.launch.tee import LineTee
@@ -56,7 +57,12 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         level = log.warning if outcome.outcome == "preempted" else log.error
         retryable, _ = retry_verdict(outcome)
         if retryable and outcome.outcome != "finished":
-            extra["resume"] = "run the same command again to continue from the last checkpoint"
+            extra["resume"] = (
+                "run the same command again to continue from the last checkpoint"
+                if plan.script is None
+                # ups keeps no checkpoint of a script's; whether it resumes is the script's
+                else "run the same command again to start the script again"
+            )
     level(
         f"run {outcome.outcome}",
         outcome=outcome.outcome,
@@ -174,8 +180,8 @@ def _announce(plan: LaunchPlan) -> None:
         )
     elif plan.resume_note:
         log.info(f"new run {plan.run_id}: {plan.resume_note}")
-    if plan.port_note:
-        log.warning("master port switched", note=plan.port_note, port=plan.master_port)
+    if plan.port_note:  # information: the run goes on, on a port nobody else holds
+        log.info("master port switched", note=plan.port_note, port=plan.master_port)
 
 
 def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
@@ -220,6 +226,49 @@ def _restart_delay(
     return float(min(plan.restart_backoff_s * 2**used, MAX_BACKOFF_S))
 
 
+MAX_PORT_SWITCHES = 3
+"""Fresh master ports tried when another process takes the planned one before torchrun."""
+
+
+def _run_on_a_free_port(
+    plan: LaunchPlan, tee: LineTee, attempt: int
+) -> tuple[LaunchPlan, TorchrunResult]:
+    """run_torchrun, again on a fresh port while the store's port turns out to be taken;
+    returns the plan as it ran (later restarts keep its port) and how torchrun ended.
+
+    ``ups.launch.ports`` keeps other launches off the planned port, but any process can
+    bind it between the check and torchrun's agent binding its store. The agent fails
+    then before any worker starts, so nothing has run yet and another port is safe.
+    """
+    for switch in range(MAX_PORT_SWITCHES + 1):
+        result = run_torchrun(plan, tee, attempt=attempt)
+        if result.status != "port_in_use" or plan.port_fixed or switch == MAX_PORT_SWITCHES:
+            return plan, result
+        taken = plan.master_port
+        port = reserve_port(0)
+        release(taken)
+        note = (
+            f"port {taken} was taken by another process after it was checked; "
+            f"using free port {port}"
+        )
+        plan = plan.with_master_port(port, note)
+        log.info("master port switched", note=note, port=port, previous_port=taken)
+    raise AssertionError("unreachable: the loop returns on its last switch")
+
+
+def _port_taken_reason(plan: LaunchPlan) -> str:
+    port = plan.master_port
+    why = (
+        "it is the shared --rdzv-endpoint, so it cannot move"
+        if plan.port_fixed
+        else f"and so were {MAX_PORT_SWITCHES} fresh ports after it"
+    )
+    return (
+        f"torchrun could not bind master port {port}: another process holds it ({why}); "
+        f"see who with `ss -ltnp 'sport = :{port}'`, stop it or choose another port"
+    )
+
+
 def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
     """torchrun, then again from the last checkpoint while the budget and the cause allow."""
     records: list[dict[str, Any]] = []
@@ -227,11 +276,14 @@ def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         before = snapshot()
         try:
-            result = run_torchrun(plan, tee, attempt=len(records) + 1)
+            plan, result = _run_on_a_free_port(plan, tee, attempt=len(records) + 1)
         except Exception as exc:
             reason = f"ups launch could not run torchrun: {type(exc).__name__}: {exc}"
             _fail(plan, reason, 1, cause="launch_error", phase="torchrun_start")
             raise
+        if result.status == "port_in_use":
+            reason = _port_taken_reason(plan)
+            return _fail(plan, reason, EXIT_FAILED, cause="launch_error", phase="torchrun_start")
         outcome = finalize_outcome(plan, result, before)
         records.append(_attempt_record(len(records) + 1, started, outcome))
         delay = _restart_delay(plan, outcome, result, len(records) - 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import TorchrunResult, WorkerFailure
+from ups.launch.runner import TorchrunResult, WorkerFailure, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -50,7 +50,9 @@ def _traceback_location(plan: LaunchPlan, failure: WorkerFailure) -> str:
     if failure.error_file:
         return failure.error_file
     rank_log = Path(plan.run_dir) / "logs" / f"rank{failure.rank}.jsonl"
-    return str(rank_log) if rank_log.exists() else plan.log_path
+    if rank_log.exists():  # the trainer's log: its rank_failed event holds the traceback
+        return str(rank_log)
+    return plan.log_path  # a script's rank: what it printed, torchrun's summary
 
 
 def _describe(failure: WorkerFailure) -> str:
@@ -59,7 +61,9 @@ def _describe(failure: WorkerFailure) -> str:
     if (death := worker_death(failure.message)) is not None:
         return f"rank {failure.rank} exited with code {failure.exitcode}: its {death.describe()}"
     first = failure.message.strip().splitlines()[0] if failure.message.strip() else ""
-    detail = f": {first[:200]}" if first and not first.startswith("To enable traceback") else ""
+    if not first or first.startswith("To enable traceback"):  # no @record, no error file
+        first = failure.printed or ""  # what the rank printed: its traceback's last line
+    detail = f": {first[:200]}" if first else ""
     return f"rank {failure.rank} exited with code {failure.exitcode}{detail}"
 
 
@@ -167,7 +171,19 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         )
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
+    elif written.outcome == "preempted" and result.received_signal not in (None, written.signal):
+        final = _named_as_received(written, result.received_signal)
     return final
+
+
+def _named_as_received(written: Outcome, sig: str | None) -> Outcome:
+    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT). The
+    outcome names what was sent, and keeps the trainer's account of the stop after it."""
+    assert sig is not None
+    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGTERM received; "
+    return dataclasses.replace(
+        written, signal=sig, reason=f"{received(sig)} by ups launch; {stop or written.reason}"
+    )
 
 
 def _finished_before_the_stop(result: TorchrunResult) -> bool:

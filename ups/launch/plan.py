@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,8 @@ class LaunchPlan:
     """The rendezvous store's port on node 0; workers get it as ``MASTER_PORT``."""
     port_note: str | None
     """Why ``master_port`` differs from the preferred one, when it does."""
+    port_fixed: bool
+    """The port came with ``--rdzv-endpoint``: other nodes use it too, so it cannot move."""
     torchrun_argv: list[str]
     env: dict[str, str]
     """Variables launch adds to (or defaults in) the workers' environment."""
@@ -142,6 +144,29 @@ class LaunchPlan:
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True)
+
+    def with_master_port(self, port: int, note: str) -> LaunchPlan:
+        """The same plan on another master port (torchrun found this one taken)."""
+        assert not self.port_fixed, "a shared --rdzv-endpoint cannot move"
+        host, _ = split_endpoint(self.rdzv_endpoint)
+        endpoint = f"{host}:{port}"
+        argv = list(self.torchrun_argv)
+        at = next(i for i, a in enumerate(argv) if a.startswith("--rdzv-endpoint="))
+        argv[at] = f"--rdzv-endpoint={endpoint}"  # torchrun's own flag, not a script's
+        return replace(
+            self, rdzv_endpoint=endpoint, master_port=port, port_note=note, torchrun_argv=argv
+        )
+
+
+def torchelastic_dir(run_dir: str | Path) -> Path:
+    """Where torchrun's files for this run live (results, per-rank outputs, error files)."""
+    return Path(run_dir) / "torchelastic"
+
+
+def rank_log_dir(run_dir: str | Path, node_rank: int) -> Path:
+    """torchrun's ``--log-dir`` on one node. Per node: the nodes of a run may share the run
+    directory (one filesystem), and torchrun names its folder after the run id alone."""
+    return torchelastic_dir(run_dir) / f"node{node_rank}"
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -253,6 +278,7 @@ def build_plan(
         master_port_preferred=preferred,
         master_port=port,
         port_note=port_note,
+        port_fixed=req.rdzv_endpoint is not None,
         torchrun_argv=torchrun_argv,
         env=_worker_env(run_id, str(run_dir), gpu_count, environ),
         preflight=not (req.skip_preflight or req.preflight_passed_by),
@@ -260,7 +286,7 @@ def build_plan(
         preflight_strict=req.preflight_strict,
         preflight_skip=list(req.preflight_skip),
         log_path=str(run_dir / "logs" / "launch.log"),
-        result_path=str(run_dir / "torchelastic" / f"node{req.node_rank}-result.json"),
+        result_path=str(torchelastic_dir(run_dir) / f"node{req.node_rank}-result.json"),
         stop_grace_s=grace,
         max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
         restart_backoff_s=dcfg.restart_backoff_s,
@@ -306,7 +332,10 @@ def _torchrun_argv(
         f"--rdzv-id={run_id}",
         # A node whose peers never come fails after this instead of waiting torch's 600 s.
         f"--rdzv-conf=timeout={rdzv_timeout}",
-        f"--log-dir={run_dir / 'torchelastic'}",
+        f"--log-dir={rank_log_dir(run_dir, req.node_rank)}",
+        # Each rank's stdout and stderr to files of its own, which launch follows and merges
+        # whole lines at a time (ups.launch.ranklogs): ranks sharing a pipe split lines.
+        "--redirects=3",
         # In-place restarts are launch's (--max-restarts): it reads the outcome between
         # attempts and restarts only for retryable causes (ups.retry).
         "--max-restarts=0",

@@ -17,8 +17,12 @@ never leaves a port reserved. The lock directory is under /dev/shm, which compos
 ``ipc: host`` shares between containers and the host, so launches in containers and on
 the host see each other's reservations.
 
-A process that is not ``ups launch`` can still take the port between plan and torchrun;
-preflight's bind test and the EADDRINUSE message cover that rarer case.
+A process that is not ``ups launch`` takes no lock and can still bind the port between
+the check and torchrun. torchrun's agent then fails to bind its store before any worker
+starts (``_torchrun`` reports status ``port_in_use``), and launch runs torchrun again on
+a fresh reserved port (``ups.launch.execute``, a bounded number of times, each switch an
+info event). The lock stays the first line: it keeps launches from even trying a port
+another launch holds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Run torchrun for a plan and stream everything it and its workers print.
 
 torchrun runs in a child process (``python -m ups.launch._torchrun``), not in this one,
-for two reasons: its workers inherit the child's stdout, so one pipe carries every line
-that launch must tee into ``launch.log``; and torchrun's agent installs its own signal
-handlers, which would otherwise fight this process's. The child still runs torchrun
-in-process (``torch.distributed.run.run``), so failures come back exactly, as JSON.
+because torchrun's agent installs its own signal handlers, which would otherwise fight
+this process's. The child still runs torchrun in-process (``torch.distributed.run.run``),
+so failures come back exactly, as JSON. The agent's own lines arrive on the child's
+pipe; each rank's go to files of their own, followed by :mod:`ups.launch.ranklogs`; both
+reach the tee whole lines at a time.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from ups.launch.plan import LaunchPlan
+from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
+from ups.launch.ranklogs import RankLogs, printed_exception
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -43,6 +45,8 @@ class WorkerFailure:
     message: str
     timestamp: int
     pid: int | None = None
+    printed: str | None = None
+    """``Type: message`` of the last traceback the rank printed (when it left no error file)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,6 +122,12 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def received(name: str) -> str:
+    """How people know the signal: Ctrl-C is SIGINT, a closed terminal SIGHUP."""
+    how = {"SIGINT": " (Ctrl-C)", "SIGHUP": " (terminal closed)"}.get(name, "")
+    return f"{name}{how} received"
+
+
 @contextmanager
 def handling_stop_signals(
     handler: Callable[[int, FrameType | None], None],
@@ -137,6 +147,9 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
 
     Only the first signal is forwarded: torchrun is then already giving the workers their
     grace period (``--shutdown-timeout``) before SIGKILL; a second signal would cut it short.
+    Always SIGTERM, whatever arrived: a worker still importing has no handler yet, and dies
+    of SIGTERM quietly where SIGINT would print a KeyboardInterrupt traceback. The signal
+    that arrived is the one the outcome names (``finalize``).
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -145,7 +158,11 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
             log.warning("already stopping; workers are finishing", signal=name)
             return
         state["signal"] = name
-        log.warning("stopping: forwarding SIGTERM to torchrun", signal=name)
+        log.warning(
+            f"{received(name)}: the workers stop at the next step and save a checkpoint",
+            signal=name,
+            forwarded="SIGTERM to torchrun",
+        )
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
@@ -153,14 +170,22 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
         yield
 
 
-def _follow(stdout: IO[bytes], tee: LineTee, state: dict[str, str]) -> None:
-    """Tee every line; remember the workers' latest ``phase`` event for the outcome."""
-    for raw in stdout:
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+def _passer(tee: LineTee, state: dict[str, str]) -> Callable[[str], None]:
+    """Tee a line; remember the workers' latest ``phase`` event for the outcome."""
+
+    def pass_on(line: str) -> None:
         tee.write_line(line)
         if '"phase"' in line:
             with suppress(ValueError, KeyError, TypeError):
                 state["phase"] = str(json.loads(line)["phase"])
+
+    return pass_on
+
+
+def _follow(stdout: IO[bytes], pass_on: Callable[[str], None]) -> None:
+    """The agent's own lines (torchrun's warnings, a worker failure's summary)."""
+    for raw in stdout:
+        pass_on(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
 
 
 def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunResult:
@@ -174,6 +199,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     cmd = [sys.executable, "-m", "ups.launch._torchrun", str(result_path), *plan.torchrun_argv]
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
+    pass_on = _passer(tee, state)
+    rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
     log.info("starting torchrun", cmd=cmd, shutdown_timeout_s=plan.stop_grace_s)
     # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
     # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
@@ -186,8 +213,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
         start_new_session=True,
     )
     assert proc.stdout is not None
-    reader = threading.Thread(target=_follow, args=(proc.stdout, tee, state), daemon=True)
-    with _forward_signals(proc, state), RssSampler() as sampler:
+    reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
+    with _forward_signals(proc, state), RssSampler() as sampler, rank_logs:
         reader.start()
         rc = proc.wait()
     if rc < 0:  # the child died by a signal before torchrun handled it (e.g. a SIGTERM
@@ -197,5 +224,13 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     result = _read_result(result_path, rc)
     result.received_signal = state.get("signal")
     result.phase = state["phase"]
+    if plan.script is not None and rank_logs.started.is_set() and result.phase == "torchrun_start":
+        result.phase = SCRIPT_PHASE
     result.peak_rss = dict(sampler.peak_rss)
+    for failure in result.failures:
+        failure.printed = printed_exception(list(rank_logs.stderr_tail.get(failure.local_rank, ())))
     return result
+
+
+SCRIPT_PHASE = "script"
+"""A ``--script`` run's phase once torchrun started its workers: ups sees none inside it."""

@@ -29,7 +29,11 @@ from ups.train.tracking import decide_wandb_for_rank
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="ups-train", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ups-train",
+        description="One training worker, under torchrun or as a plain process "
+        "(`ups launch` starts these).",
+    )
     parser.add_argument("config", help="run config (YAML), e.g. configs/demo.yaml")
     parser.add_argument(
         "--set",

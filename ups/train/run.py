@@ -449,8 +449,9 @@ def _train_and_evaluate(
             run_id=run.run_id,
             outcome="preempted",
             exit_code=EXIT_PREEMPTED,
+            # state.step counts the steps done: the checkpoint's number, and the table's.
             reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
-            f"{trainer.state.step - 1}; run the same command again to resume",
+            f"{trainer.state.step}; run the same command again to resume",
             step=trainer.state.step,
             world_size=env.world_size,
             signal=stop.signal_name,

@@ -1,0 +1,164 @@
+"""Other people's scripts under ``ups launch --script``, and a stop by Ctrl-C, told truthfully.
+
+The scripts here are plain: no ``@record``, so torchrun leaves no error file and only what
+the rank printed names its exception. Each rank's output reaches the console and
+launch.log whole lines at a time, even with ``print()`` (two writes per line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, parse_events, worker_env
+from tests.launch_helpers import launch_cmd, outcome_of, run_launch, wait_for_event, write_script
+from ups.launch.ranklogs import printed_exception
+
+PLAIN_RAISE_ON_RANK1 = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("rank", dist.get_rank(), "is up")
+if dist.get_rank() == 1:
+    raise RuntimeError("boom on rank 1")
+dist.barrier()
+"""
+
+PRINTS = """
+import os, sys
+rank = int(os.environ["RANK"])
+pad = "x" * 60
+for i in range(int(sys.argv[1])):
+    print(f"r{rank} {i:06d} {pad}")
+"""
+
+SIGKILL_ON_RANK1 = """
+import os, signal, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(30)
+"""
+
+
+def _script_run(tmp_path: Path, body: str, *script_args: str) -> subprocess.CompletedProcess[str]:
+    script = write_script(tmp_path, "script.py", body)
+    return run_launch(
+        "--script", str(script), "--output-dir", str(tmp_path / "runs"), "--skip-preflight",
+        "--", *script_args,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_plain_script_exception_is_named_from_what_the_rank_printed(tmp_path: Path) -> None:
+    """Rank 1 raises in a script without @record: the outcome names RuntimeError and its
+    message, the failed rank, phase ``script``, and a traceback file that holds it; the
+    end line promises no checkpoint."""
+    result = _script_run(tmp_path, PLAIN_RAISE_ON_RANK1)
+    assert result.returncode == 1, result.stdout + result.stderr
+    run_dir = tmp_path / "runs" / "latest"
+    outcome = outcome_of(run_dir)
+    assert outcome["reason"] == "rank 1 exited with code 1: RuntimeError: boom on rank 1"
+    assert (outcome["failed_rank"], outcome["cause"], outcome["phase"]) == (
+        1,
+        "exception",
+        "script",
+    )
+    assert "RuntimeError: boom on rank 1" in Path(outcome["traceback"]).read_text()
+    log_lines = (run_dir / "logs" / "launch.log").read_text().splitlines()
+    assert "[rank1]: RuntimeError: boom on rank 1" in log_lines
+    assert {"rank 0 is up", "rank 1 is up"} <= set(log_lines)
+    end = parse_events(result.stdout)[-1]
+    assert end["event"] == "run failed" and "resume" not in end
+
+
+@pytest.mark.slow
+def test_script_killed_rank_hint_promises_no_checkpoint(tmp_path: Path) -> None:
+    """A script's rank dies by SIGKILL (retryable): the hint says running the command again
+    starts the script again; ups has no checkpoint of a script to continue from."""
+    result = _script_run(tmp_path, SIGKILL_ON_RANK1)
+    assert result.returncode != 0
+    end = parse_events(result.stdout)[-1]
+    assert end["event"] == "run failed", end
+    assert end["resume"] == "run the same command again to start the script again"
+    assert "checkpoint" not in json.dumps(end)
+    assert outcome_of(tmp_path / "runs" / "latest")["phase"] == "script"
+
+
+@pytest.mark.slow
+def test_two_ranks_printing_never_share_a_line(tmp_path: Path) -> None:
+    """Two ranks print() 20,000 lines each: every line reaches stdout and launch.log whole
+    (one rank's line, nothing glued to it), and none is lost."""
+    n = 20_000
+    result = _script_run(tmp_path, PRINTS, str(n))
+    assert result.returncode == 0, result.stderr
+    pattern = re.compile(r"^r([01]) (\d{6}) x{60}$")
+    for name, text in [
+        ("stdout", result.stdout),
+        ("launch.log", (tmp_path / "runs" / "latest" / "logs" / "launch.log").read_text()),
+    ]:
+        rank_lines = [line for line in text.splitlines() if "xxxxxxxxxx" in line]
+        whole = [m.groups() for line in rank_lines if (m := pattern.match(line))]
+        assert len(whole) == len(rank_lines), f"{name}: {len(rank_lines) - len(whole)} corrupt"
+        assert len(set(whole)) == 2 * n, f"{name}: {2 * n - len(set(whole))} missing"
+
+
+def test_printed_exception_reads_the_last_traceback() -> None:
+    """The exception line after the frames of the last traceback, with or without torch's
+    ``[rankN]:`` prefix; chained exceptions name the last one; no traceback, no name."""
+    plain = ["Traceback (most recent call last):", '  File "x.py", line 1', "ValueError: bad"]
+    assert printed_exception(plain) == "ValueError: bad"
+    prefixed = [f"[rank3]: {line}" for line in plain]
+    assert printed_exception(["noise", *prefixed]) == "ValueError: bad"
+    chained = [
+        *plain,
+        "",
+        "During handling of the above exception, another exception occurred:",
+        "",
+        "Traceback (most recent call last):",
+        '  File "y.py", line 2, in f',
+        "    raise KeyError('k')",
+        "    ^^^^^^^^^^^^^^^^^^^",
+        "KeyError: 'k'",
+    ]
+    assert printed_exception(chained) == "KeyError: 'k'"
+    assert printed_exception(["W1124 a torch warning", "done"]) is None
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_named_sigint_with_one_step_number(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """SIGINT to `ups launch` (what Ctrl-C sends) during training: exit 75, preempted; the
+    outcome names SIGINT, and its reason, its step and the checkpoint file agree on one
+    step number."""
+    config = make_config(training={"epochs": 200, "log_every": 1})
+    proc = subprocess.Popen(
+        launch_cmd(str(config), "--skip-preflight", "--log-format", "json"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env(), cwd=REPO,
+        text=True,
+    )  # fmt: skip
+    try:
+        run_dir = tmp_path / "runs" / "latest"
+        wait_for_event(run_dir / "logs" / "launch.log", "train_step", proc, timeout=180)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 75
+    outcome = outcome_of(run_dir)
+    step = outcome["step"]
+    assert outcome["outcome"] == "preempted" and outcome["signal"] == "SIGINT"
+    assert outcome["reason"].startswith(
+        f"SIGINT (Ctrl-C) received by ups launch; all ranks stopped after step {step};"
+    ), outcome["reason"]
+    assert Path(outcome["checkpoint"]).name == f"step_{step:06d}.pt"
+    assert "SIGTERM" not in outcome["reason"]
