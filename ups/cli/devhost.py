@@ -19,10 +19,15 @@ from ups import devhost
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ups dev-host",
-        description=__doc__,
+        description=__doc__.replace("``", "`"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument(
+        "action",
+        choices=["up", "down", "status"],
+        help="up: start the host (or show the running one); down: stop it and every run "
+        "deployed to it; status: show it",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,
