@@ -17,12 +17,19 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from preflight import CheckResult, PreflightOptions, Report, Status, run_preflight, select_checks
-from preflight.checks.ports import pick_free_port
-from preflight.runner import run_with_deadline
 from tests.conftest import REPO
+from ups.preflight import (
+    CheckResult,
+    PreflightOptions,
+    Report,
+    Status,
+    run_preflight,
+    select_checks,
+)
+from ups.preflight.checks.ports import pick_free_port
+from ups.preflight.runner import run_with_deadline
 
-CLI = [sys.executable, "-m", "preflight.cli"]
+CLI = [sys.executable, "-m", "ups.preflight.cli"]
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:

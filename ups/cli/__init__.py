@@ -9,7 +9,7 @@ COMMANDS = {
     "demo": ("ups.cli.demo", "synthesize the demo data if needed and train on it with 2 ranks"),
     "train": ("ups.train.main", "run one training worker (what torchrun starts; ups-train)"),
     "launch": ("ups.cli.launch", "preflight, then torchrun: the one way to start training"),
-    "preflight": ("preflight.cli", "check that this host is fit to train (ups-preflight)"),
+    "preflight": ("ups.preflight.cli", "check that this host is fit to train (ups-preflight)"),
     "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
     "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
     "checkpoint": ("ups.cli.checkpoint", "`ups checkpoint export RUN`: one weights file"),

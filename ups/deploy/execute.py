@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import posixpath
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from ups.deploy.runs import read_result, resolve_run, settle, state_of
 from ups.deploy.session import Target, remote_preflight, run, write_private, write_text
 from ups.grace import STOP_WAIT_S
 from ups.log import render_line
+from ups.pins import pinned_versions
 
 
 def check_code(target: Target, conn: Connection) -> dict[str, Any]:
@@ -59,11 +59,7 @@ def check_code(target: Target, conn: Connection) -> dict[str, Any]:
 
 
 def _pinned_torch() -> str | None:
-    pins = Path("pins.toml")
-    if not pins.is_file():
-        return None
-    with pins.open("rb") as fh:
-        version = tomllib.load(fh).get("versions", {}).get("torch")
+    version = pinned_versions().get("torch")
     return str(version) if version else None
 
 

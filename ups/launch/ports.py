@@ -29,7 +29,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from preflight.checks.ports import is_bindable
+from ups.preflight.checks.ports import is_bindable
 
 _held: dict[int, int] = {}
 """port -> fd of its lock file, open for the life of this process (closing drops the lock)."""

@@ -10,8 +10,8 @@ import socket
 
 import psutil
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status, worst
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status, worst
 
 
 def is_bindable(port: int, host: str = "0.0.0.0") -> bool:

@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from preflight.nvml import GpuInfo, NvmlFacts, read_nvml
-from preflight.options import Context
-from preflight.result import CheckResult, Status, worst
-from preflight.units import human_bytes
+from ups.console.units import human_bytes
+from ups.preflight.nvml import GpuInfo, NvmlFacts, read_nvml
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status, worst
 
 NO_GPU = "no GPU on this host; training will use gloo on CPU"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import netrc
 from pathlib import Path
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 _HOST = "api.wandb.ai"
 

@@ -14,7 +14,7 @@ DEFAULT_MASTER_PORT = 29500
 
 @dataclass(kw_only=True, slots=True)
 class PreflightOptions:
-    """Inputs of :func:`preflight.run_preflight`. Everything is optional."""
+    """Inputs of :func:`ups.preflight.run_preflight`. Everything is optional."""
 
     config: Path | str | Config | None = None
     """Run config (path or loaded). Without one, data/cache checks are skipped."""
@@ -29,7 +29,7 @@ class PreflightOptions:
     rdzv_port: int | None = None
     """Rendezvous port to check as well (torchrun ``--rdzv-endpoint``); None: not checked."""
     only: list[str] = field(default_factory=list)
-    """Run only these checks (names or groups, see ``preflight.checks.GROUPS``)."""
+    """Run only these checks (names or groups, see ``ups.preflight.checks.GROUPS``)."""
     skip: list[str] = field(default_factory=list)
     shm_path: Path = Path("/dev/shm")
     pins_path: Path | None = None

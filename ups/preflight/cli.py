@@ -13,10 +13,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from preflight.checks import CHECKS, GROUPS
-from preflight.options import PreflightOptions
-from preflight.runner import run_preflight, select_checks
 from ups.log import setup_logging
+from ups.preflight.checks import CHECKS, GROUPS
+from ups.preflight.options import PreflightOptions
+from ups.preflight.runner import run_preflight, select_checks
 
 
 def _check_list() -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
 from ups.data.pdebench import DataError, inspect_task
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 
 def run(ctx: Context) -> CheckResult:

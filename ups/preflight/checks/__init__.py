@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from preflight.checks import (
+from ups.preflight.checks import (
     allreduce,
     cache,
     data,
@@ -23,8 +23,8 @@ from preflight.checks import (
     versions,
     wandb_creds,
 )
-from preflight.options import Context
-from preflight.result import CheckResult
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult
 
 
 @dataclass(frozen=True, slots=True)

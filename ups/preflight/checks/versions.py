@@ -6,9 +6,9 @@ import sys
 import tomllib
 from typing import Any
 
-from preflight.options import Context
-from preflight.pins import cudnn_string, find_pins, load_pins, matches
-from preflight.result import CheckResult, Status
+from ups.pins import cudnn_string, find_pins, load_pins, matches
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 CPU_BUILD = "not available (CPU build of torch)"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status, worst
-from preflight.units import MiB, human_bytes
+from ups.console.units import MiB, human_bytes
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status, worst
 
 MIN_NOFILE = 4096
 """Below this, DataLoader workers sharing tensors by file descriptor hit "Too many open files"."""

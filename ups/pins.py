@@ -1,7 +1,12 @@
-"""Read pins.toml and compare pinned versions with runtime ones."""
+"""Read pins.toml and compare pinned versions with runtime ones.
+
+The one reader of pins.toml: preflight's versions check and deploy's remote code check
+both find the file here, so ``$UPS_PINS`` means the same thing to both. No torch import.
+"""
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +31,17 @@ def load_pins(path: Path) -> dict[str, Any]:
         return tomllib.load(fh)
 
 
+def pinned_versions(
+    explicit: Path | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``[versions]`` table of :func:`find_pins`'s file; empty when there is no file."""
+    path = find_pins(explicit, os.environ if env is None else env)
+    if not path.is_file():
+        return {}
+    versions = load_pins(path).get("versions", {})
+    return dict(versions) if isinstance(versions, dict) else {}
+
+
 def public_version(version: str) -> str:
     """``"2.13.0+cu130"`` -> ``"2.13.0"`` (drop the local build tag)."""
     return version.split("+", 1)[0]
@@ -45,4 +61,11 @@ def cudnn_string(code: int) -> str:
     return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
 
 
-__all__ = ["cudnn_string", "find_pins", "load_pins", "matches", "public_version"]
+__all__ = [
+    "cudnn_string",
+    "find_pins",
+    "load_pins",
+    "matches",
+    "pinned_versions",
+    "public_version",
+]

@@ -5,9 +5,9 @@ Uses the trainer's own reader (``ups.distributed.env.read_dist_env``), so the ru
 
 from __future__ import annotations
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
 from ups.distributed.env import read_dist_env
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 HINT = "start workers with `ups launch` (or torchrun), which set these variables together"
 

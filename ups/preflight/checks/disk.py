@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
-from preflight.units import GiB, human_bytes
 from ups.config import Config
+from ups.console.units import GiB, human_bytes
 from ups.data.pdebench import DataError, PDEBenchDataset, inspect_task
 from ups.model import build_model
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 from ups.train.run import task_shapes
 
 MIN_FREE = 2 * GiB

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
-from preflight.units import GiB, human_bytes
+from ups.console.units import GiB, human_bytes
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 MIN_AVAILABLE = 2 * GiB
 """Below this, two ranks with DataLoader workers get OOM-killed at the first batches."""

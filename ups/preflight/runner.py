@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from preflight.checks import CHECKS, GROUPS, CheckSpec
-from preflight.options import Context, PreflightOptions
-from preflight.result import CheckResult, Report, Status
 from ups.config import Config, ConfigError, load_config
 from ups.log import get_logger
+from ups.preflight.checks import CHECKS, GROUPS, CheckSpec
+from ups.preflight.options import Context, PreflightOptions
+from ups.preflight.result import CheckResult, Report, Status
 
 # get_logger(name) stays lazy (component=name), so events follow the caller's later setup
 # (e.g. `ups launch` teeing them into launch.log); .bind() here would freeze the default.

@@ -2,7 +2,7 @@
 
 A latent cache saved with CUDA tensors makes DataLoader workers die silently
 (``share_memory_()`` works on CPU tensors only). Files are read with the restricted
-reader in :mod:`preflight.torchfile`: no code from the file runs, no GPU is touched.
+reader in :mod:`ups.preflight.torchfile`: no code from the file runs, no GPU is touched.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
-from preflight.torchfile import scan_file
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
+from ups.preflight.torchfile import scan_file
 
 SUFFIXES = (".pt", ".pth")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from preflight.options import Context
-from preflight.result import CheckResult, Status
-from preflight.units import GiB, MiB, human_bytes
 from ups.config import Config
+from ups.console.units import GiB, MiB, human_bytes
 from ups.data.loader import loader_shm_bytes, step_batch_bytes
 from ups.data.pdebench import DataError, inspect_task
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
 
 PER_RANK = 256 * MiB
 """NCCL's shared-memory transport buffers and torch's IPC per training process."""

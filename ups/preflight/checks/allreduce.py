@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from preflight.checks.ports import pick_free_port
-from preflight.options import Context
-from preflight.result import CheckResult, Status
-from preflight.thresholds import floor_gbps
+from ups.preflight.checks.ports import pick_free_port
+from ups.preflight.options import Context
+from ups.preflight.result import CheckResult, Status
+from ups.preflight.thresholds import floor_gbps
 
 CPU_SIZES = (256 * 1024, 1 << 20, 4 << 20, 16 << 20)
 GPU_SIZES = (1 << 20, 16 << 20, 128 << 20, 512 << 20)
@@ -56,7 +56,7 @@ class AllReducePlan:
         return [
             sys.executable,
             "-m",
-            "preflight.allreduce_worker",
+            "ups.preflight.allreduce_worker",
             "--rank",
             str(rank),
             "--world-size",

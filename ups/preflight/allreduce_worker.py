@@ -1,4 +1,4 @@
-"""One rank of the all-reduce check: ``python -m preflight.allreduce_worker ...``.
+"""One rank of the all-reduce check: ``python -m ups.preflight.allreduce_worker ...``.
 
 Joins a fresh process group (bounded by ``--timeout-s``), all-reduces a known pattern and
 counts wrong elements, then times a size sweep. Rank 0 prints one JSON line on stdout.
@@ -18,7 +18,7 @@ from ups import jsonio
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m preflight.allreduce_worker")
+    p = argparse.ArgumentParser(prog="python -m ups.preflight.allreduce_worker")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--init-method", required=True, help="tcp://HOST:PORT")
