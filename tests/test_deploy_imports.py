@@ -54,8 +54,11 @@ def test_dry_run_and_status_of_an_unreachable_host_import_no_torch(tmp_path: Pat
     config = demo_config(tmp_path / "c.yaml")
     code = (
         "from ups.deploy import tasks\n"
-        f"assert tasks.guarded(lambda: tasks.deploy('h', {str(config)!r}, hosts_file="
-        f"{str(hosts)!r}, overrides=['training.max_steps=3'], dry_run=True)) == 0\n"
+        "from pathlib import Path\n"
+        "from ups.deploy.request import DeployRequest\n"
+        f"request = DeployRequest('h', Path({str(config)!r}), hosts_file={str(hosts)!r}, "
+        "overrides=('training.max_steps=3',), dry_run=True)\n"
+        "assert tasks.guarded(lambda: tasks.deploy(request)) == 0\n"
         f"assert tasks.guarded(lambda: tasks.status('h', hosts_file={str(hosts)!r})) == 3\n"
     )
     assert _torch_free(code) == {"torch": False}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -19,6 +19,7 @@ from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.hosts import HostSpec, get_host, get_hosts
 from ups.deploy.plan import DeployPlan, build_plan, check_run_flag, load_run_config
+from ups.deploy.request import GROUP, DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
@@ -27,12 +28,7 @@ from ups.log import setup_logging
 def _targets(
     host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
 ) -> list[Target]:
-    if not host:
-        raise UsageError(
-            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
-            "group name; `fab --list` shows the tasks."
-        )
-    specs, known_hosts = get_hosts(host, hosts_file)
+    specs, known_hosts = get_hosts(_need_host(host), hosts_file)
     if any(spec.kind == "vast" for spec in specs):
         from ups.deploy.vast import ops  # the Vast SDK only when a vast entry is used
 
@@ -48,6 +44,15 @@ def _targets(
         )
         for i, spec in enumerate(specs)
     ]
+
+
+def _need_host(host: str | None) -> str:
+    if not host:
+        raise UsageError(
+            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
+            "group name; `fab --list` shows the tasks."
+        )
+    return host
 
 
 def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
@@ -66,103 +71,88 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def deploy(
-    host: str | None,
-    config: str = "configs/demo.yaml",
-    *,
-    run: str | None = None,
-    hosts_file: str | None = None,
-    overrides: Sequence[str] = (),
-    fresh: bool = False,
-    dry_run: bool = False,
-    detach: bool = False,
-    skip_preflight: bool = False,
-    sync_wheel: str | None = None,
-    save: str | None = None,
-    out: TextIO = sys.stdout,
-) -> int:
-    """Plan, then (unless ``dry_run``) start and follow a run; see docs/deploy.md."""
-    check_run_flag(run)
-    if run and fresh:
-        raise UsageError("--fresh starts a new run and --run names one: give only one of them")
-    specs, known_hosts = get_hosts(host, hosts_file) if host else ([], Path())
-    if any(spec.kind == "vast" for spec in specs):
-        if len(specs) > 1:
-            raise UsageError(
-                f"--host {host}: a vast entry rents its own single instance; it cannot be a "
-                "node of a multi-host job yet. Deploy it alone (--host NAME)."
-            )
+def deploy(request: DeployRequest, out: TextIO = sys.stdout) -> int:
+    """Plan, then (unless ``dry_run``) start and follow a run; see docs/deploy.md.
+
+    Every option the chosen host kind would not honour is refused here, before any host
+    or API is contacted.
+    """
+    specs, known_hosts = get_hosts(_need_host(request.host), request.hosts_file)
+    kinds = {spec.kind for spec in specs}
+    if "vast" in kinds and len(specs) > 1:
+        raise UsageError(
+            f"--host {request.host}: a vast entry rents its own single instance; it cannot be "
+            "a node of a multi-host job yet. Deploy it alone (--host NAME)."
+        )
+    kind = GROUP if len(specs) > 1 else specs[0].kind
+    refuse_unsupported(request, kind, request.host or "")
+    config = request.config
+    if kind == "vast":
         from ups.deploy.vast import ops  # rent, run, fetch, end the instance
 
         return ops.deploy(
             specs[0],
             known_hosts,
-            Path(config),
+            config,
             out,
-            run_id=run,
-            overrides=tuple(overrides),
-            dry_run=dry_run,
-            detach=detach,
-            skip_preflight=skip_preflight,
-            mirror=Path(save) if save else None,
+            run_id=request.run,
+            overrides=request.overrides,
+            dry_run=request.dry_run,
+            detach=not request.follow,
+            skip_preflight=request.skip_preflight,
+            mirror=request.save,
         )
-    targets = _targets(host, hosts_file, out)
-    cfg = load_run_config(Path(config), overrides)
+    targets = _targets(request.host, request.hosts_file, out)
+    cfg = load_run_config(config, request.overrides)
     env = dict(os.environ)
-    if len(targets) > 1:
+    if kind == GROUP:
         plans = group.plan_group(
             targets,
-            Path(config),
+            config,
             cfg=cfg,
-            run_id=run,
-            overrides=list(overrides),
-            follow_logs=not detach,
-            skip_preflight=skip_preflight,
+            run_id=request.run,
+            overrides=list(request.overrides),
+            follow_logs=request.follow,
+            skip_preflight=request.skip_preflight,
             env=env,
         )
         for t, p in zip(targets, plans, strict=True):
             t.say(p.render())
-        return 0 if dry_run else group.deploy(targets, plans, env=env)
+        return 0 if request.dry_run else group.deploy(targets, plans, env=env)
     target = targets[0]
-    if target.spec.kind == "docker":
+    if kind == "docker":
         from ups.deploy import docker_kind  # the Docker SDK only when a docker host is used
 
         return docker_kind.deploy(
             target,
-            Path(config),
+            config,
             cfg=cfg,
-            run_id=run,
-            overrides=overrides,
-            fresh=fresh,
-            dry_run=dry_run,
-            detach=detach,
-            skip_preflight=skip_preflight,
+            run_id=request.run,
+            fresh=request.fresh,
+            dry_run=request.dry_run,
+            detach=not request.follow,
+            skip_preflight=request.skip_preflight,
         )
 
     def replan(run_id: str | None) -> DeployPlan:
         return build_plan(
             target.spec,
-            Path(config),
+            config,
             cfg=cfg,
             run_id=run_id,
-            overrides=overrides,
-            fresh=fresh,
-            follow=not detach,
-            skip_preflight=skip_preflight,
+            overrides=request.overrides,
+            fresh=request.fresh,
+            follow=request.follow,
+            skip_preflight=request.skip_preflight,
             env=env,
         )
 
-    plan = replan(run)
+    plan = replan(request.run)
     target.say(plan.render())
-    if dry_run:
+    if request.dry_run:
         return 0
     return execute.deploy(
-        target,
-        plan,
-        env=env,
-        replan=replan,
-        sync=Path(sync_wheel) if sync_wheel else None,
-        mirror=Path(save) if save else None,
+        target, plan, env=env, replan=replan, sync=request.sync_wheel, mirror=request.save
     )
 
 
