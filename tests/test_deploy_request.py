@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.deploy_fixtures import demo_config, free_port
-from ups.deploy import tasks
+from ups.deploy import kinds, tasks
 from ups.deploy.errors import EXIT_USAGE, UsageError
-from ups.deploy.request import GROUP, KINDS, OPTIONS, SUPPORTED, DeployRequest, refuse_unsupported
+from ups.deploy.request import OPTIONS, DeployRequest, refuse_unsupported
 
 # A value other than the default for every option.
 SET: dict[str, Any] = {
@@ -36,23 +36,27 @@ def test_every_request_field_is_an_option_or_says_where() -> None:
     names = {f.name for f in fields(DeployRequest)}
     assert names == set(OPTIONS) | {"host", "config", "hosts_file"}
     assert set(SET) == set(OPTIONS)
-    assert set(SUPPORTED) == set(KINDS)
+    for name in kinds.NAMES:
+        kind = kinds.get(name)
+        assert kind.name == name and kind.supported <= set(OPTIONS)
+        assert set(kind.instead) <= set(OPTIONS) - kind.supported
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", kinds.NAMES)
 @pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_each_option_is_honoured_or_refused_by_each_kind(kind: str, option: str) -> None:
+def test_each_option_is_honoured_or_refused_by_each_kind(name: str, option: str) -> None:
     """A supported option passes; any other is refused naming the flag, the kind and the fix."""
+    kind = kinds.get(name)
     base = DeployRequest(host="h")
     request = replace(base, **{option: SET[option]})
-    if option in SUPPORTED[kind]:
+    if option in kind.supported:
         refuse_unsupported(request, kind, "h")
         return
     with pytest.raises(UsageError) as err:
         refuse_unsupported(request, kind, "h")
     text = str(err.value)
     assert err.value.exit_code == EXIT_USAGE
-    assert text.startswith(f"{OPTIONS[option]} is not supported by a {kind} host (h): ")
+    assert text.startswith(f"{OPTIONS[option]} is not supported by a {name} host (h): ")
     assert len(text.split(": ", 1)[1]) > 20  # what to do instead
 
 
@@ -83,7 +87,7 @@ def _hosts(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("host", "kind", "option"),
-    [("dock", "docker", "sync_wheel"), ("vast", "vast", "fresh"), ("pair", GROUP, "save")],
+    [("dock", "docker", "sync_wheel"), ("vast", "vast", "fresh"), ("pair", "group", "save")],
 )
 def test_deploy_refuses_before_contacting_anything(
     tmp_path: Path, host: str, kind: str, option: str

@@ -1,5 +1,5 @@
 """A full disk: rank 0's failed checkpoint save stops every rank together; preflight's
-disk check estimates what the run will write (issue 9). Real tmpfs mounts."""
+disk check estimates what the run will write. Real tmpfs mounts."""
 
 from __future__ import annotations
 

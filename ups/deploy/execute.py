@@ -17,6 +17,7 @@ from typing import Any
 from fabric import Connection
 
 import ups
+from ups.deploy import kinds
 from ups.deploy import remote as rc
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
@@ -188,10 +189,7 @@ def stop(target: Target, run_id: str | None, timeout_s: float = STOP_WAIT_S) -> 
     conn = target.connect()
     try:
         found = resolve_run(target, conn, run_id)
-        if spec.kind == "docker":
-            command = rc.docker_stop_command(found, spec.docker_host, timeout_s)
-        else:
-            command = rc.stop_command(found)
+        command = kinds.get(spec.kind).stop_command(spec, found, timeout_s)
         result = run(conn, command, spec)
         target.say(f"stop {found.run_id}: {result.stdout.strip() or result.stderr.strip()}")
         deadline = time.monotonic() + timeout_s

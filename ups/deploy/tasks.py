@@ -7,19 +7,17 @@ on every host of the job.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import execute, group
-from ups.deploy import remote as rc
+from ups.deploy import execute, group, kinds
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
-from ups.deploy.hosts import HostSpec, get_host, get_hosts
-from ups.deploy.plan import DeployPlan, build_plan, check_run_flag, load_run_config
-from ups.deploy.request import GROUP, DeployRequest, refuse_unsupported
+from ups.deploy.hosts import get_hosts
+from ups.deploy.plan import check_run_flag
+from ups.deploy.request import DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
@@ -29,11 +27,7 @@ def _targets(
     host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
 ) -> list[Target]:
     specs, known_hosts = get_hosts(_need_host(host), hosts_file)
-    if any(spec.kind == "vast" for spec in specs):
-        from ups.deploy.vast import ops  # the Vast SDK only when a vast entry is used
-
-        # The instance ups rented for this entry (and run), found by its label.
-        specs = [ops.attach(spec, run) if spec.kind == "vast" else spec for spec in specs]
+    specs = [kinds.get(spec.kind).attach(spec, run) for spec in specs]
     label = len(specs) > 1
     return [
         Target(
@@ -78,82 +72,9 @@ def deploy(request: DeployRequest, out: TextIO = sys.stdout) -> int:
     or API is contacted.
     """
     specs, known_hosts = get_hosts(_need_host(request.host), request.hosts_file)
-    kinds = {spec.kind for spec in specs}
-    if "vast" in kinds and len(specs) > 1:
-        raise UsageError(
-            f"--host {request.host}: a vast entry rents its own single instance; it cannot be "
-            "a node of a multi-host job yet. Deploy it alone (--host NAME)."
-        )
-    kind = GROUP if len(specs) > 1 else specs[0].kind
+    kind = kinds.kind_for(specs, request.host or "")
     refuse_unsupported(request, kind, request.host or "")
-    config = request.config
-    if kind == "vast":
-        from ups.deploy.vast import ops  # rent, run, fetch, end the instance
-
-        return ops.deploy(
-            specs[0],
-            known_hosts,
-            config,
-            out,
-            run_id=request.run,
-            overrides=request.overrides,
-            dry_run=request.dry_run,
-            detach=not request.follow,
-            skip_preflight=request.skip_preflight,
-            mirror=request.save,
-        )
-    targets = _targets(request.host, request.hosts_file, out)
-    cfg = load_run_config(config, request.overrides)
-    env = dict(os.environ)
-    if kind == GROUP:
-        plans = group.plan_group(
-            targets,
-            config,
-            cfg=cfg,
-            run_id=request.run,
-            overrides=list(request.overrides),
-            follow_logs=request.follow,
-            skip_preflight=request.skip_preflight,
-            env=env,
-        )
-        for t, p in zip(targets, plans, strict=True):
-            t.say(p.render())
-        return 0 if request.dry_run else group.deploy(targets, plans, env=env)
-    target = targets[0]
-    if kind == "docker":
-        from ups.deploy import docker_kind  # the Docker SDK only when a docker host is used
-
-        return docker_kind.deploy(
-            target,
-            config,
-            cfg=cfg,
-            run_id=request.run,
-            fresh=request.fresh,
-            dry_run=request.dry_run,
-            detach=not request.follow,
-            skip_preflight=request.skip_preflight,
-        )
-
-    def replan(run_id: str | None) -> DeployPlan:
-        return build_plan(
-            target.spec,
-            config,
-            cfg=cfg,
-            run_id=run_id,
-            overrides=request.overrides,
-            fresh=request.fresh,
-            follow=request.follow,
-            skip_preflight=request.skip_preflight,
-            env=env,
-        )
-
-    plan = replan(request.run)
-    target.say(plan.render())
-    if request.dry_run:
-        return 0
-    return execute.deploy(
-        target, plan, env=env, replan=replan, sync=request.sync_wheel, mirror=request.save
-    )
+    return kind.deploy(request, specs, known_hosts, out)
 
 
 def preflight(
@@ -166,12 +87,7 @@ def preflight(
     """Run preflight on each host as it is (with a config path on the host, if given)."""
 
     def one(target: Target) -> int:
-        spec = target.spec
-        if spec.kind == "docker":
-            # The checks must see what the container sees: run them in the image.
-            command = rc.docker_preflight_command(spec.image, spec.docker_host, spec.gpus, config)
-        else:
-            command = rc.argv(*rc.preflight_argv(spec.ups_bin, config, spec.gpus))
+        command = kinds.get(target.spec.kind).preflight_command(target.spec, config)
         conn = target.connect()
         try:
             remote_preflight(target, conn, command)
@@ -247,24 +163,14 @@ def fetch(
 
 
 def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
-    from ups.deploy.vast import ops
+    from ups.deploy.kinds import vast
 
-    return ops.instances(_vast_spec(host, hosts_file), out)
+    return vast.instances(host, hosts_file, out)
 
 
 def down(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.vast import ops
+    from ups.deploy.kinds import vast
 
-    return ops.down(_vast_spec(host, hosts_file), out, run)
-
-
-def _vast_spec(host: str, hosts_file: str | None) -> HostSpec:
-    spec, _known = get_host(host, hosts_file)
-    if spec.kind != "vast":
-        raise UsageError(
-            f"host {host!r} is kind {spec.kind}, not vast: `fab instances` and `fab down` "
-            "manage Vast instances that ups created. Pass a `kind: vast` entry."
-        )
-    return spec
+    return vast.down(host, run, hosts_file, out)

@@ -131,7 +131,7 @@ def run_with_deadline(name: str, fn: Callable[[], CheckResult], timeout_s: float
 def _log(result: CheckResult) -> None:
     level = {Status.FAIL: "error", Status.WARN: "warning"}.get(result.status, "info")
     getattr(log, level)(
-        "preflight.check",
+        "preflight_check",
         check=result.name,
         status=result.status.value,
         value=result.value,
@@ -163,5 +163,5 @@ def run_preflight(options: PreflightOptions | None = None) -> Report:
         _log(result)
     report = Report(results=results, duration_s=time.perf_counter() - start)
     ok, seconds = report.ok(opts.strict), round(report.duration_s, 3)
-    log.info("preflight.done", ok=ok, duration_s=seconds, **report.counts())
+    log.info("preflight_done", ok=ok, duration_s=seconds, **report.counts())
     return report

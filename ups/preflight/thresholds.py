@@ -1,4 +1,4 @@
-"""Expected all-reduce bus bandwidth (large messages) per GPU model and count (REFERENCE §2)."""
+"""Expected all-reduce bus bandwidth (large messages) per GPU model and count."""
 
 from __future__ import annotations
 

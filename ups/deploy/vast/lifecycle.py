@@ -18,6 +18,7 @@ from typing import Any
 
 import paramiko
 
+from ups.backoff import VAST_RUNNING, VAST_SSH
 from ups.deploy import remote as rc
 from ups.deploy.connect import connect
 from ups.deploy.errors import DeployError, HostKeyChanged
@@ -116,7 +117,7 @@ class Lifecycle:
 
     def wait_running(self, instance_id: int, deadline: float) -> Instance:
         """Poll until RUNNING; FAILED (image pull...), GONE or the deadline raise."""
-        delay = 1.0
+        delays = VAST_RUNNING.delays()
         last: Instance | None = None
         while time.monotonic() < deadline:
             row = self.api.show(instance_id)
@@ -134,8 +135,7 @@ class Lifecycle:
                     "If the image cannot be pulled, check 'image' in hosts.yaml (public, or "
                     "pushed where Vast can pull it); otherwise deploy again for another offer."
                 )
-            time.sleep(delay)  # polling the API; backoff keeps within its rate limit
-            delay = min(delay * 1.5, 10.0)
+            time.sleep(next(delays))  # polling the API; backoff keeps within its rate limit
         status = f"{last.actual_status}, {last.status_msg or 'no message'}" if last else "unknown"
         raise InstanceFailed(
             f"instance {instance_id} did not reach running within "
@@ -149,7 +149,7 @@ class Lifecycle:
         spec = container_spec(self.plan.spec, inst.ssh_host, inst.ssh_port)
         forget_host_key(self.known_hosts, known_hosts_name(inst.ssh_host, inst.ssh_port))
         self.say(f"waiting for SSH on {inst.ssh_host}:{inst.ssh_port} (keys arrive after running)")
-        delay = 1.0
+        delays = VAST_SSH.delays()
         last: DeployError | None = None
         while time.monotonic() < deadline:
             try:
@@ -158,8 +158,7 @@ class Lifecycle:
                 raise
             except DeployError as err:
                 last = err
-                time.sleep(delay)  # sshd up but keys not installed yet, or not listening
-                delay = min(delay * 2, 8.0)
+                time.sleep(next(delays))  # sshd up but keys not installed yet, or not listening
                 continue
             conn.close()
             self.mark("ssh")

@@ -1,4 +1,4 @@
-"""Cache is CPU: no cached ``.pt`` file may hold a CUDA storage (REFERENCE §1).
+"""Cache is CPU: no cached ``.pt`` file may hold a CUDA storage.
 
 A latent cache saved with CUDA tensors makes DataLoader workers die silently
 (``share_memory_()`` works on CPU tensors only). Files are read with the restricted

@@ -1,6 +1,6 @@
 """Ports: the master (and rendezvous) port must be bindable before torchrun starts.
 
-"Address already in use" on 29500 is the classic leftover-process failure (REFERENCE §1).
+"Address already in use" on 29500 is the classic leftover-process failure.
 The helpers here are shared with ``ups launch``, which picks a free port instead of failing.
 """
 

@@ -1,4 +1,4 @@
-"""/dev/shm: Docker's default 64 MB breaks NCCL and DataLoader workers (REFERENCE §1)."""
+"""/dev/shm: Docker's default 64 MB breaks NCCL and DataLoader workers."""
 
 from __future__ import annotations
 
