@@ -74,6 +74,6 @@ def test_pins_are_read_through_ups_pins_everywhere(
     assert pinned_versions(env={"UPS_PINS": str(pins)}) == {"torch": "9.9.9"}
     assert pinned_versions(env={"UPS_PINS": str(tmp_path / "missing.toml")}) == {}
     monkeypatch.setenv("UPS_PINS", str(pins))
-    from ups.deploy import execute
+    from ups.deploy import operate
 
-    assert execute._pinned_torch() == "9.9.9"
+    assert operate._pinned_torch() == "9.9.9"

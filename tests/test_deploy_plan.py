@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from tests.deploy_fixtures import REPO, demo_config, fab
+from ups.deploy.deploy_plan import build_plan, load_run_config, script_for
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import get_host
-from ups.deploy.plan import build_plan, load_run_config, script_for
 from ups.deploy.remote import RemoteRun, follow_command, run_script
 
 
@@ -153,7 +153,7 @@ def test_deploy_package_has_no_import_cycle() -> None:
 
     cycles = [m for m in graph if m != "__init__" and reaches(m, m, set())]
     assert cycles == []
-    assert "execute" not in graph["docker_kind"] and "docker_kind" not in graph["execute"]
+    assert "operate" not in graph["docker_kind"] and "docker_kind" not in graph["operate"]
 
 
 def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from fabric import Connection
 
 from ups.config import Config
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.progress import Progress, human_bytes
 from ups.deploy.runs import settle
 from ups.deploy.session import Target, run, show_report, write_private, write_text

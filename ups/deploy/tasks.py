@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import execute, group, kinds
+from ups.deploy import group, kinds, operate
+from ups.deploy.deploy_plan import check_run_flag
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.hosts import get_hosts
-from ups.deploy.plan import check_run_flag
 from ups.deploy.request import DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
@@ -121,7 +121,7 @@ def logs(
 ) -> int:
     check_run_flag(run)
     mirror = Path(save) if save else None
-    return _on_each(host, hosts_file, out, lambda t: execute.logs(t, run, mirror), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.logs(t, run, mirror), run)
 
 
 def status(
@@ -132,7 +132,7 @@ def status(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.status(t, run), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.status(t, run), run)
 
 
 def stop(
@@ -144,7 +144,7 @@ def stop(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.stop(t, run, timeout), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.stop(t, run, timeout), run)
 
 
 def fetch(

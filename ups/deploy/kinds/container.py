@@ -8,10 +8,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-from ups.deploy import execute
+from ups.deploy import operate
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.request import OPTIONS, DeployRequest
 from ups.deploy.session import Target
 
@@ -45,7 +45,7 @@ class Container:
         target.say(plan.render())
         if request.dry_run:
             return 0
-        return execute.deploy(
+        return operate.deploy(
             target, plan, env=env, replan=replan, sync=request.sync_wheel, mirror=request.save
         )
 

@@ -10,9 +10,9 @@ from typing import TextIO
 
 from ups.deploy import group
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import load_run_config
 from ups.deploy.hosts import HostSpec
 from ups.deploy.kinds.container import KIND as CONTAINER
-from ups.deploy.plan import load_run_config
 from ups.deploy.request import DeployRequest
 from ups.deploy.session import Target
 

@@ -19,9 +19,9 @@ from fabric import Connection
 import ups
 from ups.deploy import kinds
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import DeployPlan, script_for
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
-from ups.deploy.plan import DeployPlan, script_for
 from ups.deploy.progress import Progress
 from ups.deploy.runs import read_result, resolve_run, settle, state_of
 from ups.deploy.session import Target, remote_preflight, run, write_private, write_text

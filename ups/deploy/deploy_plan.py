@@ -1,7 +1,7 @@
 """The deploy plan: a plain, printable description of what ``fab deploy`` will do.
 
 Built without touching the network; ``--dry-run`` prints it, tests inspect
-it, and :mod:`ups.deploy.execute` carries it out step by step. Every remote command in
+it, and :mod:`ups.deploy.operate` carries it out step by step. Every remote command in
 it comes from :mod:`ups.deploy.remote`, and the executor runs exactly those commands.
 """
 

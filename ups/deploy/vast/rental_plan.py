@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ups.config import Config
+from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.instance import label_for
 from ups.deploy.vast.offers import Offer, bid_price, choose, offer_type

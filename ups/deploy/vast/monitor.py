@@ -1,14 +1,9 @@
-"""Keep one run going across Vast instances: notice a lost instance, rent another, resume.
-
-While a run is followed, a :class:`Monitor` asks the API about the instance every
-``monitor_s`` and new checkpoints are copied home (:mod:`ups.deploy.vast.sync`). The
-instance is lost when the API shows it outbid or stopped, no longer lists it, or SSH
-stays unreachable for ``ssh_lost_s``. :class:`Keeper` then ends it (stop or destroy, so
-it can never train the run beside its successor), rents the next matching offer under
-the same cap, runs setup and preflight there, uploads the newest good checkpoint with the
-local log, and resumes the same run id. A run that ends by itself is relaunched only when
-``ups/retry.py`` calls its cause retryable. ``max_recoveries`` and ``max_hours`` (one
-deadline across all instances) bound everything; past them the deploy exits 8.
+"""What a followed vast run is watched by: :class:`Monitor` asks the API about the
+instance every ``monitor_s`` and reports it lost (outbid, stopped, no longer listed, or
+SSH unreachable for ``ssh_lost_s``), cutting the log stream short; :class:`LocalLog`
+keeps the local copy of ``launch.log`` that a recovery uploads; :class:`Leg` and
+:class:`Pending` record one instance's part of the run. The loop that uses them is
+:mod:`ups.deploy.vast.keeper`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from ups.deploy.session import run as run_remote
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import InstanceFailed, VastApiError
 from ups.deploy.vast.instance import Instance, State
-from ups.deploy.vast.plan import VastPlan, container_spec
+from ups.deploy.vast.rental_plan import VastPlan, container_spec
 from ups.deploy.vast.watchdog import KEY_FILE, LEASE_FILE, watch_path
 
 FETCH_LEASE_S = 1800.0
