@@ -37,6 +37,27 @@ def test_invalid_hosts_file_names_the_key(tmp_path: Path) -> None:
     assert "hosts.vast.colour" in str(err.value)
 
 
+def test_a_key_of_another_kind_is_named_with_its_path(tmp_path: Path) -> None:
+    """`offer:` on a docker entry, `registry:` on a container one, an address on a vast one:
+    each is refused with its key path and the kind it belongs to, all in one error."""
+    path = tmp_path / "hosts.yaml"
+    entries = {
+        "gpubox": {"host": "g", "kind": "docker", "offer": "num_gpus=1"},
+        "box": {"host": "b", "registry": "ghcr.io/x"},
+        "v": {"kind": "vast", "offer": "x", "max_price_per_hour": 1, "host": "h"},
+        "ok": {"host": "o", "kind": "docker", "registry": "ghcr.io/x"},
+    }
+    path.write_text(yaml.safe_dump({"hosts": entries}))
+    with pytest.raises(DeployError) as err:
+        get_host("ok", path)
+    text = str(err.value)
+    assert err.value.exit_code == 2
+    assert "hosts.gpubox.offer: not a field of a docker host (it belongs to vast hosts)" in text
+    assert "hosts.box.registry: not a field of a container host" in text
+    assert "hosts.v.host: not a field of a vast host" in text
+    assert "hosts.ok" not in text
+
+
 def test_example_hosts_file_is_valid() -> None:
     """The shipped configs/hosts.yaml example loads: `vast` rents an instance, `vast-ssh` is
     an instance by address (a container host)."""
@@ -112,7 +133,9 @@ def test_every_planned_command_is_valid_shell(tmp_path: Path, kind: str) -> None
     the run id appears in it only as a quoted word or inside quoted paths."""
     from ups.deploy.docker_kind import build_docker_plan
 
-    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, docker_host="unix:///x y.sock"))
+    # docker_host only on the docker entry: a container entry refuses docker-only keys.
+    extra = {"docker_host": "unix:///x y.sock"} if kind == "docker" else {}
+    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, **extra))
     config = demo_config(tmp_path / "c.yaml")
     cfg = load_run_config(config, ["training.max_steps=5"])
     if kind == "docker":
