@@ -37,16 +37,15 @@ WORKDIR /app
 # Dependencies layer: changes only when pyproject.toml or the lock changes. Empty stub
 # packages let pip resolve the project's dependencies before the source is copied.
 COPY pyproject.toml docker/requirements.lock ./
-RUN mkdir -p ups preflight \
-    && touch ups/__init__.py preflight/__init__.py \
+RUN mkdir -p ups \
+    && touch ups/__init__.py \
     && python -m pip install --constraint requirements.lock . \
     && python -m pip uninstall --yes ups \
-    && rm -rf ups preflight build ./*.egg-info \
+    && rm -rf ups build ./*.egg-info \
     && python -c "import torch; print('torch', torch.__version__)"
 
 # Source layers: a one-line change in ups/ rebuilds only these small layers.
 COPY configs/ configs/
-COPY preflight/ preflight/
 COPY pins.toml ./
 COPY ups/ ups/
 COPY docker/entrypoint.sh /usr/local/bin/ups-entrypoint

@@ -1,34 +1,47 @@
-"""Fabric tasks: ``fab deploy --host vast`` and friends. The logic lives in ``ups.deploy``.
+"""Fabric tasks: ``fab deploy --host vast`` and friends, a thin shim over ``ups.cli.deploy``.
 
-Every task takes ``--host NAME`` (a key of configs/hosts.yaml, ``a,b``, or a group;
-``--hosts-file`` / ``$UPS_HOSTS_FILE`` picks the file) and builds its own verified
-connection, so ``fab -H`` is not needed. ``fab TASK --help`` shows a task's options.
+``ups deploy|logs|status|stop|fetch|instances|down`` are the same commands with the same
+options and exit codes; the one-line descriptions and option help live there. Every task
+takes ``--host NAME`` (a key of configs/hosts.yaml, ``a,b``, or a group; ``--hosts-file``
+/ ``$UPS_HOSTS_FILE`` picks the file) and builds its own verified connection, so ``fab -H``
+is not needed. ``fab TASK --help`` shows a task's options.
 Exit codes: docs/deploy.md (2 config/flags, 3 host, 4 preflight, else the run's own).
 """
 
 from __future__ import annotations
 
+from argparse import Namespace
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fabric import task
 from invoke.exceptions import Exit
 
+from ups.cli.deploy import HELP, SUMMARY, operation
 from ups.deploy import tasks
 from ups.grace import STOP_WAIT_S
 
-_HOST = {
-    "host": "host from configs/hosts.yaml; a,b or a group runs one job on several hosts",
-    "hosts-file": "hosts file to read (default: $UPS_HOSTS_FILE, else configs/hosts.yaml)",
-}
-_RUN = {"run": "run id (default: the latest deployed)"}
+F = TypeVar("F", bound=Callable[..., None])
+
+_HOST = {"host": HELP["host"], "hosts-file": HELP["hosts-file"]}
+_RUN = {"run": HELP["run"]}
 # Options only: `host` would otherwise be a positional argument that swallows `--help`,
 # and the automatic short flag `-h` would shadow help.
 _OPTS: dict[str, Any] = {"positional": [], "auto_shortflags": False}
 
 
-def _exit(fn: Callable[[], int]) -> None:
-    code = tasks.guarded(fn)
+def _described(name: str) -> Callable[[F], F]:
+    """Give the task the command's one line (what `fab --list` shows, uncut)."""
+
+    def set_doc(fn: F) -> F:
+        fn.__doc__ = SUMMARY[name]
+        return fn
+
+    return set_doc
+
+
+def _exit(name: str, **options: Any) -> None:
+    code = tasks.guarded(operation(name, Namespace(**options)))
     if code:
         raise Exit(code=code)
 
@@ -38,18 +51,18 @@ def _exit(fn: Callable[[], int]) -> None:
     iterable=["set_"],
     help={
         **_HOST,
-        "config": "run config to upload (default: configs/demo.yaml)",
-        "run": "run id: a new one, or one to continue (default: continue the host's latest "
-        "unfinished run of the config's name, else new)",
-        "fresh": "start a new run even if an unfinished one of this name exists",
-        "set_": "KEY=VALUE config override, repeatable (as `ups launch --set`)",
-        "dry-run": "print the plan only; touch no host",
-        "detach": "start and return without following",
-        "skip-preflight": "do not run preflight first",
-        "sync-wheel": "install this ups wheel remotely first (code-only change)",
-        "save": "also write the raw remote log to this local file",
+        "config": HELP["config"],
+        "run": HELP["deploy-run"],
+        "fresh": HELP["fresh"],
+        "set_": HELP["set"],
+        "dry-run": HELP["dry-run"],
+        "detach": HELP["detach"],
+        "skip-preflight": HELP["skip-preflight"],
+        "sync-wheel": HELP["sync-wheel"],
+        "save": HELP["save"],
     },
 )
+@_described("deploy")
 def deploy(
     c: Any,
     host: str | None = None,
@@ -64,33 +77,32 @@ def deploy(
     sync_wheel: str | None = None,
     save: str | None = None,
 ) -> None:
-    """Preflight remotely, start the run detached, stream its log; exit with its exit code."""
     _exit(
-        lambda: tasks.deploy(
-            host,
-            config,
-            run=run,
-            hosts_file=hosts_file,
-            overrides=set_ or [],
-            fresh=fresh,
-            dry_run=dry_run,
-            detach=detach,
-            skip_preflight=skip_preflight,
-            sync_wheel=sync_wheel,
-            save=save,
-        )
+        "deploy",
+        host=host,
+        config=config,
+        run=run,
+        hosts_file=hosts_file,
+        set_=set_,
+        fresh=fresh,
+        dry_run=dry_run,
+        detach=detach,
+        skip_preflight=skip_preflight,
+        sync_wheel=sync_wheel,
+        save=save,
     )
 
 
 @task(**_OPTS, help={**_HOST, "config": "config path on the host"})
+@_described("preflight")
 def preflight(
     c: Any, host: str | None = None, config: str | None = None, hosts_file: str | None = None
 ) -> None:
-    """Run preflight on the host and show its report."""
-    _exit(lambda: tasks.preflight(host, config, hosts_file=hosts_file))
+    _exit("preflight", host=host, config=config, hosts_file=hosts_file)
 
 
 @task(**_OPTS, help={**_HOST, **_RUN, "save": "also write the raw log to this local file"})
+@_described("logs")
 def logs(
     c: Any,
     host: str | None = None,
@@ -98,20 +110,19 @@ def logs(
     hosts_file: str | None = None,
     save: str | None = None,
 ) -> None:
-    """Replay and follow a run's log to its end (reconnects after SSH drops); exit with the
-    run's exit code. It never starts or continues a run: `fab deploy` does."""
-    _exit(lambda: tasks.logs(host, run, hosts_file=hosts_file, save=save))
+    _exit("logs", host=host, run=run, hosts_file=hosts_file, save=save)
 
 
 @task(**_OPTS, help={**_HOST, **_RUN})
+@_described("status")
 def status(
     c: Any, host: str | None = None, run: str | None = None, hosts_file: str | None = None
 ) -> None:
-    """Show whether the run is alive, its outcome and its last event."""
-    _exit(lambda: tasks.status(host, run, hosts_file=hosts_file))
+    _exit("status", host=host, run=run, hosts_file=hosts_file)
 
 
-@task(**_OPTS, help={**_HOST, **_RUN, "timeout": "seconds to wait for the checkpoint"})
+@task(**_OPTS, help={**_HOST, **_RUN, "timeout": HELP["timeout"]})
+@_described("stop")
 def stop(
     c: Any,
     host: str | None = None,
@@ -119,11 +130,11 @@ def stop(
     hosts_file: str | None = None,
     timeout: float = STOP_WAIT_S,
 ) -> None:
-    """Stop gracefully: SIGTERM, wait for the preemption checkpoint and outcome.json."""
-    _exit(lambda: tasks.stop(host, run, hosts_file=hosts_file, timeout=timeout))
+    _exit("stop", host=host, run=run, hosts_file=hosts_file, timeout=timeout)
 
 
-@task(**_OPTS, help={**_HOST, **_RUN, "dest": "local directory (default: runs)"})
+@task(**_OPTS, help={**_HOST, **_RUN, "dest": HELP["dest"]})
+@_described("fetch")
 def fetch(
     c: Any,
     host: str | None = None,
@@ -131,17 +142,16 @@ def fetch(
     hosts_file: str | None = None,
     dest: str = "runs",
 ) -> None:
-    """Copy everything the run wrote (checkpoints, outcome, logs, config, W&B) to DEST/<run>."""
-    _exit(lambda: tasks.fetch(host, run, hosts_file=hosts_file, dest=dest))
+    _exit("fetch", host=host, run=run, hosts_file=hosts_file, dest=dest)
 
 
-@task(help={"host": "a kind: vast entry (its API settings)", "hosts-file": "hosts file to read"})
+@task(help={"host": HELP["vast-host"], "hosts-file": "hosts file to read"})
+@_described("instances")
 def instances(c: Any, host: str = "vast", hosts_file: str | None = None) -> None:
-    """List every ups-labelled Vast instance: state, run, $/h and cost so far."""
-    _exit(lambda: tasks.instances(host, hosts_file=hosts_file))
+    _exit("instances", host=host, hosts_file=hosts_file)
 
 
-@task(help={**_HOST, "run": "only this run's instance (default: every one of this host)"})
+@task(help={**_HOST, "run": HELP["down-run"]})
+@_described("down")
 def down(c: Any, host: str, run: str | None = None, hosts_file: str | None = None) -> None:
-    """Destroy the Vast instances ups created for this host entry (or one run)."""
-    _exit(lambda: tasks.down(host, run, hosts_file=hosts_file))
+    _exit("down", host=host, run=run, hosts_file=hosts_file)

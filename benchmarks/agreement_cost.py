@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def previous_train_step(trainer: Any, batch: Any) -> None:
-    """The training step before issue 9 (commit 35dd9c7), minus logging."""
+    """The training step before rank agreement (commit 35dd9c7), minus logging."""
     import torch
     import torch.distributed as dist
     from torch import nn

@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from preflight import PreflightOptions, run_preflight
-from preflight.checks.allreduce import CPU_SIZES, AllReducePlan, execute
-from preflight.checks.ports import pick_free_port
 from ups import jsonio
 from ups.log import setup_logging
+from ups.preflight import PreflightOptions, run_preflight
+from ups.preflight.checks.allreduce import CPU_SIZES, AllReducePlan, execute
+from ups.preflight.checks.ports import pick_free_port
 
 ITERS, WARMUP = 5, 2
-"""The check's own gloo settings (preflight.checks.allreduce.plan_for); --iters changes both
+"""The check's own gloo settings (ups.preflight.checks.allreduce.plan_for); --iters changes both
 sides alike to average out a noisy machine."""
 
 
@@ -105,7 +105,7 @@ def time_preflight(config: Path | None, repeat: int) -> dict[str, Any]:
             per_check.setdefault(r.name, []).append(r.duration_s)
             statuses[r.name] = r.status.value
     cli = []
-    cmd = [sys.executable, "-m", "preflight.cli", "--json", "--events", "off"]
+    cmd = [sys.executable, "-m", "ups.preflight.cli", "--json", "--events", "off"]
     cmd += ["--master-port", str(port)]
     if config:
         cmd += ["--config", str(config)]

@@ -157,7 +157,7 @@ def step_wheels(s: Suite) -> dict[str, Any]:
     probe = (
         "import importlib, sys\n"
         + "".join(f"importlib.import_module({m!r})\n" for m in RUNTIME_IMPORTS.split())
-        + "import ups.train.main, preflight.cli\nprint(sys.version)\n"
+        + "import ups.train.main, ups.preflight.cli\nprint(sys.version)\n"
     )
     proc = s.sh([sys.executable, "-c", probe], 120)
     if proc.returncode != 0:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from preflight.torchfile import scan_file
 from tests.conftest import PYTHON, REPO, only_run_dir, rank_events, torchrun, worker_env
 from ups.outcome import EXIT_CONFIG, read_outcome
+from ups.preflight.torchfile import scan_file
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import structlog
 
-from preflight.result import CheckResult, Report, Status
 from ups.console import ConsoleView, render_line, short
 from ups.deploy.progress import Progress
 from ups.log import get_logger, setup_logging
+from ups.preflight.result import CheckResult, Report, Status
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

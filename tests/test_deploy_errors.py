@@ -87,7 +87,10 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     ("entry", "key"),
     [
         ({"ups_bin": "ups; touch /tmp/ups-pwned"}, "hosts.dead.ups_bin"),
-        ({"compose_service": "train-ddp$(touch /tmp/ups-pwned)"}, "hosts.dead.compose_service"),
+        (
+            {"kind": "docker", "compose_service": "train-ddp$(touch /tmp/ups-pwned)"},
+            "hosts.dead.compose_service",
+        ),
         ({"workdir": "/srv/a b"}, "hosts.dead.workdir"),
     ],
 )

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from tests.deploy_fixtures import REPO, demo_config, fab
+from ups.deploy.deploy_plan import build_plan, load_run_config, script_for
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import get_host
-from ups.deploy.plan import build_plan, load_run_config, script_for
 from ups.deploy.remote import RemoteRun, follow_command, run_script
 
 
@@ -35,6 +35,27 @@ def test_invalid_hosts_file_names_the_key(tmp_path: Path) -> None:
         get_host("vast", path)
     assert "hosts.vast.kind" in str(err.value)
     assert "hosts.vast.colour" in str(err.value)
+
+
+def test_a_key_of_another_kind_is_named_with_its_path(tmp_path: Path) -> None:
+    """`offer:` on a docker entry, `registry:` on a container one, an address on a vast one:
+    each is refused with its key path and the kind it belongs to, all in one error."""
+    path = tmp_path / "hosts.yaml"
+    entries = {
+        "gpubox": {"host": "g", "kind": "docker", "offer": "num_gpus=1"},
+        "box": {"host": "b", "registry": "ghcr.io/x"},
+        "v": {"kind": "vast", "offer": "x", "max_price_per_hour": 1, "host": "h"},
+        "ok": {"host": "o", "kind": "docker", "registry": "ghcr.io/x"},
+    }
+    path.write_text(yaml.safe_dump({"hosts": entries}))
+    with pytest.raises(DeployError) as err:
+        get_host("ok", path)
+    text = str(err.value)
+    assert err.value.exit_code == 2
+    assert "hosts.gpubox.offer: not a field of a docker host (it belongs to vast hosts)" in text
+    assert "hosts.box.registry: not a field of a container host" in text
+    assert "hosts.v.host: not a field of a vast host" in text
+    assert "hosts.ok" not in text
 
 
 def test_example_hosts_file_is_valid() -> None:
@@ -112,7 +133,9 @@ def test_every_planned_command_is_valid_shell(tmp_path: Path, kind: str) -> None
     the run id appears in it only as a quoted word or inside quoted paths."""
     from ups.deploy.docker_kind import build_docker_plan
 
-    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, docker_host="unix:///x y.sock"))
+    # docker_host only on the docker entry: a container entry refuses docker-only keys.
+    extra = {"docker_host": "unix:///x y.sock"} if kind == "docker" else {}
+    spec, _ = get_host("vast", _hosts(tmp_path, kind=kind, **extra))
     config = demo_config(tmp_path / "c.yaml")
     cfg = load_run_config(config, ["training.max_steps=5"])
     if kind == "docker":
@@ -153,7 +176,7 @@ def test_deploy_package_has_no_import_cycle() -> None:
 
     cycles = [m for m in graph if m != "__init__" and reaches(m, m, set())]
     assert cycles == []
-    assert "execute" not in graph["docker_kind"] and "docker_kind" not in graph["execute"]
+    assert "operate" not in graph["docker_kind"] and "docker_kind" not in graph["operate"]
 
 
 def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:

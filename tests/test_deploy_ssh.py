@@ -355,7 +355,7 @@ def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -
     for name in ("pyproject.toml", "README.md", "pins.toml"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, src / name if src.exists() else _mkdir(src) / name)
-    for pkg in ("ups", "preflight"):
+    for pkg in ("ups",):  # preflight lives in ups/preflight now
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     marker = "# code-only change shipped by --sync-wheel"
     with (src / "ups" / "deploy" / "__init__.py").open("a") as fh:

@@ -42,10 +42,10 @@ def test_default_base_is_the_pinned_official_image_from_pins_toml() -> None:
 def test_dependencies_install_before_the_source_is_copied() -> None:
     """A change in ups/ reuses the dependency layer: deps are installed before any source COPY."""
     deps = _index("COPY", "pyproject.toml")
-    install_deps = _index("RUN", "mkdir -p ups preflight")
+    install_deps = _index("RUN", "mkdir -p ups")
     source = _index("COPY", "ups/")
     assert deps < install_deps < source < _index("RUN", "python -m pip install --no-deps")
-    assert _index("COPY", "configs/") > install_deps and _index("COPY", "preflight/") > install_deps
+    assert _index("COPY", "configs/") > install_deps
 
 
 def test_runs_as_non_root_and_starts_ups_launch() -> None:
@@ -83,7 +83,6 @@ def test_no_secret_can_enter_the_build_context() -> None:
         "!docker/requirements.lock",
         "!docker/entrypoint.sh",
         "!configs/",
-        "!preflight/",
         "!ups/",
     }
     assert ".env" in ignore and "*.env" in ignore

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 3): each fault injected into real torchrun workers (gloo, CPU)."""
+"""The fault matrix: each fault injected into real torchrun workers (gloo, CPU)."""
 
 from __future__ import annotations
 

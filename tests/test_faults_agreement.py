@@ -1,4 +1,4 @@
-"""Rank-local faults that every rank agrees on at the step's fixed points (issue 9).
+"""Rank-local faults that every rank agrees on at the step's fixed points.
 
 Real torchrun workers (gloo, CPU, 2 ranks); the fault comes from the config or is
 injected for real at a point inside the step (``UPS_FAULTS=kind@rank:step:point``).

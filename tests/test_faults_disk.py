@@ -1,5 +1,5 @@
 """A full disk: rank 0's failed checkpoint save stops every rank together; preflight's
-disk check estimates what the run will write (issue 9). Real tmpfs mounts."""
+disk check estimates what the run will write. Real tmpfs mounts."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from preflight import Status
 from tests.conftest import parse_events, torchrun
 from tests.fault_helpers import events, strict_json, survivors
 from tests.fixtures.preflight_helpers import run_check, small_tmpfs
 from ups.distributed.env import read_dist_env
 from ups.log import setup_logging
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED, Outcome
+from ups.preflight import Status
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 from ups.train.run import _finish
 from ups.train.tracking import Tracker

@@ -1,4 +1,4 @@
-"""Pure pieces of the fault runtime (issue 9), checked against real inputs: a real
+"""Pure pieces of the fault runtime, checked against real inputs: a real
 faulthandler dump from a stuck process, the launch plan's GPU env, fault specs."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_run_id_validation_refuses_unsafe_names(bad: str) -> None:
 
 def test_human_bytes_never_writes_scientific_notation() -> None:
     """Sizes and rates read as people write them, also just below the next unit."""
-    from preflight.units import human_bytes
+    from ups.console.units import human_bytes
 
     assert human_bytes(1000 * 1024**2) == "1000 MiB"  # was "1e+03 MiB"
     assert human_bytes(1023.9 * 1024**2) == "1024 MiB"

@@ -1,4 +1,4 @@
-"""training.strategy: fsdp (issue 13): FSDP2 over 2 real gloo ranks with DDP's guarantees,
+"""training.strategy: fsdp: FSDP2 over 2 real gloo ranks with DDP's guarantees,
 sharded checkpoints that are complete or absent, and `ups checkpoint export`."""
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import yaml
 
 import fabfile
 from tests.conftest import PYTHON, REPO
-from ups.deploy import execute as deploy_execute
+from ups.deploy import operate as deploy_execute
 from ups.deploy import tasks as deploy_tasks
 from ups.grace import DEFAULT_STOP_GRACE_S, container_grace_s, stop_wait_s
 from ups.launch.memory import MemorySnapshot, explain_sigkill, snapshot

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from preflight import Status
-from preflight.checks.allreduce import AllReducePlan, AllReduceRun, execute, judge
-from preflight.checks.ports import pick_free_port
 from tests.fixtures.preflight_helpers import run_check
+from ups.preflight import Status
+from ups.preflight.checks.allreduce import AllReducePlan, AllReduceRun, execute, judge
+from ups.preflight.checks.ports import pick_free_port
 
 
 def _plan(timeout_s: float, **kw: object) -> AllReducePlan:

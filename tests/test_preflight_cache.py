@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from preflight import Status
-from preflight.torchfile import scan_file
 from tests.fixtures.preflight_helpers import run_check
+from ups.preflight import Status
+from ups.preflight.torchfile import scan_file
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cache_cuda" / "latents_cuda0.pt"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from preflight import PreflightOptions, Status, run_preflight
 from tests.conftest import REPO, worker_env
 from tests.fixtures.preflight_helpers import run_check
+from ups.preflight import PreflightOptions, Status, run_preflight
 
 TORCHRUN_ENV = {
     "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
@@ -63,7 +63,7 @@ def test_under_real_torchrun(tmp_path: Path) -> None:
     out.mkdir()
     code = (
         "import os, sys\n"
-        "from preflight import PreflightOptions, run_preflight\n"
+        "from ups.preflight import PreflightOptions, run_preflight\n"
         "r = run_preflight(PreflightOptions(only=['distenv'], nproc_per_node=2)).get('distenv')\n"
         f"open(os.path.join({str(out)!r}, os.environ['RANK']), 'w').write(r.status + '|' + "
         "r.message)\n"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from preflight import Status
-from preflight.checks.ports import is_bindable, pick_free_port, port_holder
 from tests.fixtures.preflight_helpers import run_check
+from ups.preflight import Status
+from ups.preflight.checks.ports import is_bindable, pick_free_port, port_holder
 
 
 @pytest.fixture

@@ -17,12 +17,19 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from preflight import CheckResult, PreflightOptions, Report, Status, run_preflight, select_checks
-from preflight.checks.ports import pick_free_port
-from preflight.runner import run_with_deadline
 from tests.conftest import REPO
+from ups.preflight import (
+    CheckResult,
+    PreflightOptions,
+    Report,
+    Status,
+    run_preflight,
+    select_checks,
+)
+from ups.preflight.checks.ports import pick_free_port
+from ups.preflight.runner import run_with_deadline
 
-CLI = [sys.executable, "-m", "preflight.cli"]
+CLI = [sys.executable, "-m", "ups.preflight.cli"]
 
 
 def _cli(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -96,10 +103,10 @@ def test_events_per_check_are_logged(make_config: Callable[..., Path]) -> None:
                 config=make_config(), only=["ports", "data"], master_port=pick_free_port(0)
             )
         )
-    checks = [e for e in logs if e["event"] == "preflight.check"]
+    checks = [e for e in logs if e["event"] == "preflight_check"]
     assert [e["check"] for e in checks] == ["config", "ports", "data"]
     assert all("duration_s" in e and e["status"] == "pass" for e in checks)
-    assert any(e["event"] == "preflight.done" and e["ok"] for e in logs)
+    assert any(e["event"] == "preflight_done" and e["ok"] for e in logs)
 
 
 def test_cli_json_is_machine_readable_and_exit_zero(make_config: Callable[..., Path]) -> None:
@@ -115,7 +122,7 @@ def test_cli_json_is_machine_readable_and_exit_zero(make_config: Callable[..., P
     names = [c["name"] for c in data["checks"]]
     assert names[0] == "config" and "allreduce" not in names and "data" in names
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
-    assert any(e.get("event") == "preflight.check" for e in events)
+    assert any(e.get("event") == "preflight_check" for e in events)
 
 
 def test_cli_fails_with_exit_1_and_a_fix(make_config: Callable[..., Path]) -> None:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from preflight import Status
-from preflight.checks.shm import required_bytes
-from preflight.units import GiB
 from tests.fixtures.preflight_helpers import run_check, small_tmpfs
+from ups.console.units import GiB
+from ups.preflight import Status
+from ups.preflight.checks.shm import required_bytes
 
 
 def test_small_shm_fails_with_compose_hint(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_memory_cgroup_limit_fails(tmp_path: Path) -> None:
     code = (
         "import os, sys, json\n"
         f"open('{group}/cgroup.procs', 'w').write(str(os.getpid()))\n"
-        "from preflight import PreflightOptions, run_preflight\n"
+        "from ups.preflight import PreflightOptions, run_preflight\n"
         "r = run_preflight(PreflightOptions(only=['memory'])).get('memory')\n"
         "print(json.dumps(r.to_dict()))\n"
     )

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from preflight import Status
-from preflight.checks.gpu import GpuFacts, evaluate
-from preflight.nvml import GpuInfo, NvmlFacts
-from preflight.pins import cudnn_string, matches
 from tests.conftest import REPO
 from tests.fixtures.preflight_helpers import run_check
+from ups.pins import cudnn_string, matches
+from ups.preflight import Status
+from ups.preflight.checks.gpu import GpuFacts, evaluate
+from ups.preflight.nvml import GpuInfo, NvmlFacts
 
 
 def test_repo_pins_match_this_torch() -> None:

@@ -1,4 +1,4 @@
-"""The test command fails when a test skips for any reason but the GPU (issue 15, item 8)."""
+"""The test command fails when a test skips for any reason but the GPU."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gradient accumulation and the out-of-memory policy (issue 13, parts 3 and 5).
+"""Gradient accumulation and the out-of-memory policy.
 
 Real torchrun workers (gloo, CPU, 2 ranks) on the tiny two-task data. Three short runs
 share one module fixture: one batch of 32 per step, and 4 micro-batches of 8 per step

@@ -1,4 +1,4 @@
-"""Mixed precision and torch.compile (issue 13, part 2).
+"""Mixed precision and torch.compile.
 
 Real torchrun workers (gloo, CPU, 2 ranks) for a bf16 run and a compiled run (the
 compiled one needs a C++ compiler: ``scripts/test.sh`` installs one when missing); the

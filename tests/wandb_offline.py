@@ -1,6 +1,6 @@
 """Read what an offline W&B run recorded, straight from its ``.wandb`` file.
 
-Format (REFERENCE §6): a 7-byte header (``:W&B``, 0xBEE1, version), then LevelDB-log
+Format: a 7-byte header (``:W&B``, 0xBEE1, version), then LevelDB-log
 records in 32 KiB blocks, each ``<IHB>`` (crc32, length, type) + payload; payloads are
 ``wandb_internal_pb2.Record`` protobufs.
 """

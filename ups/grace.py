@@ -11,7 +11,7 @@ the outer one kills the inner one mid-checkpoint:
 - ``fab stop``'s wait (``docker stop -t``, then waiting for outcome.json) = the
   container's grace + :data:`STOP_MARGIN_S`.
 
-``tests/test_lifecycle_grace.py`` reads docker-compose.yml and the deploy code and
+``tests/test_lifecycle_units.py`` reads docker-compose.yml and the deploy code and
 checks that they agree with these numbers.
 """
 

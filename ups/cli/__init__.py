@@ -9,11 +9,19 @@ COMMANDS = {
     "demo": ("ups.cli.demo", "synthesize the demo data if needed and train on it with 2 ranks"),
     "train": ("ups.train.main", "run one training worker (what torchrun starts; ups-train)"),
     "launch": ("ups.cli.launch", "preflight, then torchrun: the one way to start training"),
-    "preflight": ("preflight.cli", "check that this host is fit to train (ups-preflight)"),
+    "preflight": ("ups.preflight.cli", "check that this host is fit to train (ups-preflight)"),
     "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
     "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
     "checkpoint": ("ups.cli.checkpoint", "`ups checkpoint export RUN`: one weights file"),
     "dev-host": ("ups.cli.devhost", "`ups dev-host up|down`: a local SSH host to try deploy on"),
+    # The fabfile's tasks (fab deploy, ...): module:function, one module for all of them.
+    "deploy": ("ups.cli.deploy:deploy", "start a run on a host from hosts.yaml (fab deploy)"),
+    "logs": ("ups.cli.deploy:logs", "follow a deployed run's log to its end (fab logs)"),
+    "status": ("ups.cli.deploy:status", "is a deployed run alive, its outcome (fab status)"),
+    "stop": ("ups.cli.deploy:stop", "stop a deployed run gracefully (fab stop)"),
+    "fetch": ("ups.cli.deploy:fetch", "copy a deployed run's outputs home (fab fetch)"),
+    "instances": ("ups.cli.deploy:instances", "list ups's Vast instances (fab instances)"),
+    "down": ("ups.cli.deploy:down", "destroy ups's Vast instances (fab down)"),
 }
 
 
@@ -43,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if entry is None:
         print(f"ups: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(entry[0])
-    return int(module.main(args[1:]))
+    module_name, _, function = entry[0].partition(":")
+    module = importlib.import_module(module_name)
+    return int(getattr(module, function or "main")(args[1:]))
 
 
 if __name__ == "__main__":

@@ -175,8 +175,8 @@ def main(argv: list[str]) -> int:
         cfg: Config | None = None
         if req.config_path is not None:
             cfg = load_config(req.config_path, req.overrides)
-        from preflight import select_checks
         from ups.launch.ports import reserve_port
+        from ups.preflight import select_checks
 
         select_checks([], req.preflight_skip)  # unknown check names: a flag error, now
 

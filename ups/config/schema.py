@@ -18,7 +18,7 @@ FilePath = Annotated[Path, Field(strict=False)]
 """A path; YAML gives strings, so this one field type is read leniently."""
 
 Layout = Literal["single_1d", "darcy_2d", "groups_2d"]
-"""PDEBench file layouts (REFERENCE §3).
+"""PDEBench file layouts (README.md, Data).
 
 - ``single_1d``: ``tensor`` (N, T, X) with ``x-coordinate`` and ``t-coordinate``
   (advection, Burgers). A sample is one frame; the target is the next frame.
@@ -190,7 +190,7 @@ class DistributedConfig(_Strict):
     """Seconds the workers get after SIGTERM to stop at a step and write the checkpoint,
     before torchrun SIGKILLs them (its ``--shutdown-timeout``). The container's
     ``stop_grace_period`` and ``fab stop``'s wait are derived from the default
-    (``ups.launch.grace``); raise them with it."""
+    (``ups.grace``); raise them with it."""
     max_restarts: int = Field(0, ge=0)
     """In-place restarts of torchrun from the last checkpoint after a retryable failure
     (``ups.retry``); ``--max-restarts`` overrides."""

@@ -29,7 +29,7 @@ from ups import jsonio
 from ups.console.format import event_text, parse_event, render_line, short
 from ups.console.tables import eval_table, outcome_table
 
-QUIET_EVENTS = frozenset({"preflight.check", "preflight.done"})
+QUIET_EVENTS = frozenset({"preflight_check", "preflight_done"})
 """Shown as the preflight table that follows them, not one line per check."""
 
 

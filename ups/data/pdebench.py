@@ -1,7 +1,7 @@
 """Read PDEBench HDF5 files: check a file against its layout, then serve one-step pairs.
 
 :func:`inspect_task` opens a file once, checks every key, rank, shape and dtype the layout
-needs (REFERENCE §3), reads the last element of each big dataset so a truncated download
+needs, reads the last element of each big dataset so a truncated download
 fails here rather than mid-epoch, and returns a :class:`TaskInfo`. :class:`PDEBenchDataset`
 serves ``(x, y, i)`` items, channels first, following PDEBench ``FNODatasetSingle``:
 ``[::reduced_batch]`` samples, ``[::reduced_resolution_t]`` frames, ``[::reduced_resolution]``

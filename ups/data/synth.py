@@ -54,7 +54,7 @@ def cell_centres(n: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class InitialConditions:
-    """PDEBench 1D initial conditions (REFERENCE §3) as a function of x, for n samples.
+    """PDEBench 1D initial conditions as a function of x, for n samples.
 
     Sum over modes m = 1..4 of ``A_m sin(k_m x + phi_m)`` with ``k_m = 2 pi m s_m``, where
     ``s_m`` counts how many of 2 random draws picked mode m; then 10% of the samples take

@@ -2,12 +2,14 @@
 
 Modules: :mod:`hosts` (hosts.yaml), :mod:`hostkeys` and :mod:`connect` (verified SSH,
 retried with tenacity), :mod:`remote` (every remote path and shell command, quoted),
-:mod:`plan` (printable plan), :mod:`session` (what the host kinds share: target,
-connection, running a command), :mod:`runs` (which run, alive, outcome; continuing
-one), :mod:`execute` (the ``container`` kind; logs, status, stop), :mod:`docker_kind`
-and :mod:`layers` (hosts with a Docker daemon), :mod:`follow` and :mod:`stream`
-(byte-offset log follower), :mod:`fetch`, :mod:`group` (one job on several hosts),
-:mod:`tasks` (what the fabfile calls).
+:mod:`deploy_plan` (printable plan), :mod:`request` (the validated request),
+:mod:`kinds` (the host kinds behind one interface, and their registry),
+:mod:`session` (what the host kinds share: target, connection, running a command),
+:mod:`runs` (which run, alive, outcome; continuing one), :mod:`operate` (deploying to a
+container host; logs, status, stop), :mod:`docker_kind` and :mod:`layers` (hosts with a
+Docker daemon), :mod:`follow` and :mod:`stream` (byte-offset log follower),
+:mod:`fetch`, :mod:`group` (one job on several hosts), :mod:`tasks` (what the fabfile
+and ``ups deploy`` call).
 """
 
 from ups.deploy.errors import DeployError, HostKeyChanged, PreflightFailed, UsageError

@@ -10,6 +10,7 @@ import paramiko
 import tenacity
 from fabric import Config, Connection
 
+from ups.backoff import SSH_CONNECT
 from ups.deploy.errors import DeployError, HostKeyChanged, UsageError
 from ups.deploy.hostkeys import (
     RecordFirstKeyPolicy,
@@ -26,7 +27,8 @@ NewKeyCallback = Callable[[str, paramiko.PKey], None]
 
 def _log_new_key(name: str, key: paramiko.PKey) -> None:
     get_logger("ups.deploy").warning(
-        "recorded new host key (first contact): compare with the provider's console",
+        "host_key_recorded",
+        message="recorded new host key (first contact): compare with the provider's console",
         host=name,
         key_type=key.get_name(),
         fingerprint=fingerprint(key),
@@ -90,7 +92,7 @@ def connect(
     known_hosts: Path,
     *,
     attempts: int = 3,
-    backoff_s: float = 1.0,
+    backoff_s: float = SSH_CONNECT.first,
     on_new_key: NewKeyCallback = _log_new_key,
 ) -> Connection:
     """Return an open, host-key-verified connection, retrying transient failures.
@@ -104,7 +106,7 @@ def connect(
     def before_sleep(state: tenacity.RetryCallState) -> None:
         assert state.outcome is not None
         log.warning(
-            "ssh connect failed, retrying",
+            "ssh_connect_retry",
             host=spec.name,
             attempt=state.attempt_number,
             error=str(state.outcome.exception()),
@@ -113,7 +115,7 @@ def connect(
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(_TRANSIENT),
         stop=tenacity.stop_after_attempt(attempts),
-        wait=tenacity.wait_exponential(multiplier=backoff_s, max=30),
+        wait=SSH_CONNECT.with_(first=backoff_s).wait(),
         before_sleep=before_sleep,
         reraise=True,
     )

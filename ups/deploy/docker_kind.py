@@ -17,10 +17,10 @@ from fabric import Connection
 
 from ups.config import Config
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.progress import Progress, human_bytes
 from ups.deploy.runs import settle
 from ups.deploy.session import Target, run, show_report, write_private, write_text
@@ -47,11 +47,7 @@ def build_docker_plan(
 ) -> DeployPlan:
     """Plan a compose deploy; the commands shown are the ones :func:`deploy` runs."""
     check_run_flag(run_id)
-    if overrides:
-        raise DeployError(
-            "--set is not supported for docker hosts yet: the compose services read the "
-            "uploaded config as it is. Put the change in the config file and deploy again."
-        )
+    # --set never gets here: the request refuses it for docker hosts (ups.deploy.request).
     fixed = run_id or cfg.run.run_id
     run_id = fixed or new_run_id(cfg.run.name)
     found = rc.RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)

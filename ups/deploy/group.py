@@ -19,11 +19,11 @@ from pathlib import Path
 from fabric import Connection
 
 from ups.config import Config
-from ups.deploy import execute
+from ups.deploy import operate
+from ups.deploy.deploy_plan import DeployPlan, Node, build_plan
 from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.follow import follow
-from ups.deploy.plan import DeployPlan, Node, build_plan
 from ups.deploy.runs import read_result
 from ups.deploy.session import Target
 from ups.outcome import EXIT_OK, EXIT_PREEMPTED
@@ -86,7 +86,7 @@ def deploy(targets: list[Target], plans: list[DeployPlan], *, env: dict[str, str
         _prepare_all(members, env)
         for m in members:
             assert m.conn is not None
-            execute.launch(m.target, m.conn, m.plan)
+            operate.launch(m.target, m.conn, m.plan)
     finally:
         for m in members:
             if m.conn is not None:
@@ -125,14 +125,14 @@ def _prepare_all(members: list[Member], env: dict[str, str]) -> None:
     for m in members:
         try:
             m.conn = m.target.connect()
-            m.plan, m.offset = execute.prepare(m.target, m.conn, m.plan, env=env, replan=_no_replan)
+            m.plan, m.offset = operate.prepare(m.target, m.conn, m.plan, env=env, replan=_no_replan)
         except DeployError as err:
             errors.append((m.target.spec.name, err))
     if not errors:
         return
     for m in members:  # nothing starts unless every host is fit
         if m.conn is not None and m.offset == 0 and not any(n == m.plan.host for n, _ in errors):
-            execute.discard(m.target, m.conn, m.plan)
+            operate.discard(m.target, m.conn, m.plan)
     code = max(err.exit_code for _, err in errors)
     text = " ".join(f"[{name}] {err}" for name, err in errors)
     failed = DeployError(

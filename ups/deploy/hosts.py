@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from ups.deploy.errors import UsageError
 
@@ -38,6 +39,49 @@ DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
 HostKind = Literal["container", "docker", "vast"]
+HOST_KINDS = ("container", "docker", "vast")
+
+_DOCKER = frozenset({"docker"})
+_VAST = frozenset({"vast"})
+KIND_FIELDS: dict[str, frozenset[str]] = {
+    # An address: ups rents the vast instance, so it has none in hosts.yaml.
+    **dict.fromkeys(("host", "port", "jump"), frozenset({"container", "docker"})),
+    **dict.fromkeys(
+        (
+            "registry",
+            "compose_files",
+            "compose_service",
+            "preflight_service",
+            "container_user",
+            "runs_dir",
+            "docker_host",
+        ),
+        _DOCKER,
+    ),
+    **dict.fromkeys(
+        (
+            "offer",
+            "order",
+            "max_price_per_hour",
+            "disk_gb",
+            "interruptible",
+            "max_hours",
+            "on_exit",
+            "setup",
+            "vast_url",
+            "watchdog_key_file",
+            "watchdog_grace_s",
+            "boot_timeout_s",
+            "max_recoveries",
+            "checkpoint_sync",
+            "sync_every_s",
+            "monitor_s",
+            "ssh_lost_s",
+        ),
+        _VAST,
+    ),
+}
+"""The keys only some kinds take; every other key is shared (SSH, image, workdir...)."""
 
 _SAFE = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./@:+=-]*")
 
@@ -143,6 +187,22 @@ class HostSpec(_Strict):
     """vast: SSH unreachable this long while the API still lists the instance running: it
     is treated as lost and replaced."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_its_kind(cls, data: Any) -> Any:
+        """A key that belongs to another kind is an error, not silently ignored."""
+        if isinstance(data, dict):
+            kind = data.get("kind", "container")
+            for key in data:
+                owners = KIND_FIELDS.get(key)
+                if owners is not None and kind in HOST_KINDS and kind not in owners:
+                    raise PydanticCustomError(
+                        "not_of_kind",
+                        "not a field of a {kind} host (it belongs to {owners} hosts)",
+                        {"key": key, "kind": kind, "owners": " and ".join(sorted(owners))},
+                    )
+        return data
+
     @model_validator(mode="after")
     def _address_or_offer(self) -> HostSpec:
         if self.kind == "vast":
@@ -173,6 +233,12 @@ def hosts_file_path(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get("UPS_HOSTS_FILE") or DEFAULT_HOSTS_FILE)
 
 
+def _loc(error: Any) -> tuple[Any, ...]:
+    """The key path of a validation error; a key of the wrong kind ends the path itself."""
+    loc = tuple(error["loc"])
+    return (*loc, error["ctx"]["key"]) if error["type"] == "not_of_kind" else loc
+
+
 def load_hosts(path: str | Path | None = None) -> HostsFile:
     """Read and validate the hosts file; every problem is listed with its key path."""
     file = hosts_file_path(path)
@@ -189,7 +255,7 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
         parsed = HostsFile.model_validate(raw)
     except ValidationError as err:
         problems = "\n".join(
-            f"  - {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()
+            f"  - {'.'.join(str(p) for p in _loc(e))}: {e['msg']}" for e in err.errors()
         )
         raise UsageError(f"hosts file {file} is invalid:\n{problems}") from None
     hosts = {name: spec.model_copy(update={"name": name}) for name, spec in parsed.hosts.items()}

@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.progress import Progress as _RichProgress
 
-from preflight.units import human_bytes
+from ups.console.units import human_bytes
 
 __all__ = ["Progress", "human_bytes"]
 

@@ -174,12 +174,6 @@ def resolve_latest_command(workdir: str) -> str:
     return f"readlink {q(latest_link(workdir))}"
 
 
-def runs_of_name_command(workdir: str, name: str) -> str:
-    """List deployed run ids named ``<name>-...``, newest first (by state dir mtime)."""
-    base = posixpath.join(workdir, STATE_DIR)
-    return f"cd {q(base)} 2>/dev/null && ls -1t -d -- {q(name)}-* 2>/dev/null || true"
-
-
 def follow_command(path: str, offset: int, done: Sequence[str], heartbeat_s: float) -> str:
     """The remote shell script: tail from byte ``offset`` until a done file exists."""
     tests = " && ".join(f"[ ! -e {q(p)} ]" for p in done) or "true"
@@ -219,6 +213,32 @@ def run_size_command(run: RemoteRun) -> str:
     return argv("du", "-sb", run.run_dir) + " | cut -f1"
 
 
+def ups_python(ups_bin: str, *, required: bool = False) -> str:
+    """Shell that sets ``$UPS`` to ``ups_bin``'s path and ``$PY`` to the interpreter in its
+    ``#!`` line: the one way deploy finds the Python that runs ups on a host. ``required``
+    exits 127 with a message when ``ups_bin`` is not found."""
+    find = f"UPS=$(command -v {q(ups_bin)})"
+    if required:
+        find += f" || {{ echo {q(f'ups not found: {ups_bin}')} >&2; exit 127; }}"
+    return find + '; PY=$(head -n 1 "$UPS" | sed "s/^#!//")'
+
+
+def vast_onstart_command(
+    workdir: str, watch_dir: str, ups_bin: str, remote_env: str | None, watchdog_args: list[str]
+) -> str:
+    """A Vast instance's onstart script: start the watchdog detached (well under 4 KB)."""
+    log = posixpath.join(workdir, watch_dir, "watchdog.log")
+    lines = [
+        "touch ~/.no_auto_tmux",
+        f"mkdir -p {q(posixpath.join(workdir, watch_dir))}",
+        remote_env or "",
+        ups_python(ups_bin),
+        f'setsid nohup "$PY" -m ups.deploy.vast.watchdog {" ".join(q(a) for a in watchdog_args)} '
+        f">> {q(log)} 2>&1 < /dev/null &",
+    ]
+    return "\n".join(line for line in lines if line) + "\n"
+
+
 def code_info_command(ups_bin: str, remote_env: str | None) -> str:
     """Print the remote ``ups`` and ``torch`` versions as JSON, using ups's own interpreter."""
     probe = (
@@ -226,20 +246,13 @@ def code_info_command(ups_bin: str, remote_env: str | None) -> str:
         "print(json.dumps({'ups': ups.__version__, 'torch': torch.__version__, "
         "'cuda': torch.version.cuda}))"
     )
-    missing = q(f"ups not found: {ups_bin}")
-    return with_env(
-        remote_env,
-        f"UPS=$(command -v {q(ups_bin)}) || {{ echo {missing} >&2; exit 127; }}; "
-        'PY=$(head -n 1 "$UPS" | sed "s/^#!//"); '
-        f"$PY -c {q(probe)}",
-    )
+    return with_env(remote_env, f"{ups_python(ups_bin, required=True)}; $PY -c {q(probe)}")
 
 
 def pip_install_command(ups_bin: str, wheel: str) -> str:
     """Install ``wheel`` into the interpreter that runs ``ups_bin`` (``--sync-wheel``)."""
     return (
-        f'UPS=$(command -v {q(ups_bin)}); PY=$(head -n 1 "$UPS" | sed "s/^#!//"); '
-        f"$PY -m pip install --quiet --no-deps --force-reinstall {q(wheel)}"
+        f"{ups_python(ups_bin)}; $PY -m pip install --quiet --no-deps --force-reinstall {q(wheel)}"
     )
 
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from fabric import Connection
 
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import DeployPlan
 from ups.deploy.session import Target, run
 from ups.outcome import Outcome
 from ups.runid import run_id_problem

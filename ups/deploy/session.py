@@ -1,6 +1,6 @@
 """What every host kind shares: a resolved target, its verified connection, remote commands.
 
-:mod:`ups.deploy.execute` (the ``container`` kind and the follow-up tasks) and
+:mod:`ups.deploy.operate` (the ``container`` kind and the follow-up tasks) and
 :mod:`ups.deploy.docker_kind` both build on this module and never on each other.
 """
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import paramiko
 
+from ups.backoff import LOG_STREAM
 from ups.deploy.errors import DeployError
 from ups.deploy.remote import catch_up_command, follow_command
 from ups.log import get_logger
@@ -59,7 +60,7 @@ class LogFollower:
         *,
         offset: int = 0,
         heartbeat_s: float = HEARTBEAT_S,
-        max_backoff_s: float = 8.0,
+        max_backoff_s: float = LOG_STREAM.max_s,
         give_up_after_s: float = 600.0,
     ) -> None:
         self.open_transport = open_transport
@@ -76,18 +77,19 @@ class LogFollower:
     def follow(self) -> FollowStats:
         """Block until the run is done and every byte of the log was delivered."""
         down_since: float | None = None
-        backoff = 0.25
+        policy = LOG_STREAM.with_(max_s=self.max_backoff_s)
+        delays = policy.delays()
         while True:
             try:
                 transport = self._connected()
                 if down_since is not None:
                     self.stats.reconnects += 1
                     self._log.info(
-                        "log stream reconnected",
+                        "log_stream_reconnected",
                         offset=self.stats.offset,
                         reconnects=self.stats.reconnects,
                     )
-                    down_since, backoff = None, 0.25
+                    down_since, delays = None, policy.delays()
                 self._stream(
                     transport,
                     follow_command(self.path, self.stats.offset, self.done, self.heartbeat_s),
@@ -105,14 +107,14 @@ class LogFollower:
                         f"{self.path} (last error: {err}). The run keeps going remotely; "
                         f"re-attach with `fab logs --host HOST --run RUN`."
                     ) from None
+                backoff = next(delays)
                 self._log.warning(
-                    "log stream dropped, reconnecting",
+                    "log_stream_dropped",
                     error=str(err) or type(err).__name__,
                     offset=self.stats.offset,
                     retry_in_s=backoff,
                 )
                 time.sleep(backoff)
-                backoff = min(backoff * 2, self.max_backoff_s)
 
     def close(self) -> None:
         self._drop()

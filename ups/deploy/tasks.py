@@ -7,18 +7,17 @@ on every host of the job.
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import execute, group
-from ups.deploy import remote as rc
+from ups.deploy import group, kinds, operate
+from ups.deploy.deploy_plan import check_run_flag
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
 from ups.deploy.fetch import fetch as fetch_one
-from ups.deploy.hosts import HostSpec, get_host, get_hosts
-from ups.deploy.plan import DeployPlan, build_plan, check_run_flag, load_run_config
+from ups.deploy.hosts import get_hosts
+from ups.deploy.request import DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import setup_logging
@@ -27,17 +26,8 @@ from ups.log import setup_logging
 def _targets(
     host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
 ) -> list[Target]:
-    if not host:
-        raise UsageError(
-            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
-            "group name; `fab --list` shows the tasks."
-        )
-    specs, known_hosts = get_hosts(host, hosts_file)
-    if any(spec.kind == "vast" for spec in specs):
-        from ups.deploy.vast import ops  # the Vast SDK only when a vast entry is used
-
-        # The instance ups rented for this entry (and run), found by its label.
-        specs = [ops.attach(spec, run) if spec.kind == "vast" else spec for spec in specs]
+    specs, known_hosts = get_hosts(_need_host(host), hosts_file)
+    specs = [kinds.get(spec.kind).attach(spec, run) for spec in specs]
     label = len(specs) > 1
     return [
         Target(
@@ -48,6 +38,15 @@ def _targets(
         )
         for i, spec in enumerate(specs)
     ]
+
+
+def _need_host(host: str | None) -> str:
+    if not host:
+        raise UsageError(
+            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
+            "group name; `fab --list` shows the tasks."
+        )
+    return host
 
 
 def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
@@ -66,104 +65,16 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def deploy(
-    host: str | None,
-    config: str = "configs/demo.yaml",
-    *,
-    run: str | None = None,
-    hosts_file: str | None = None,
-    overrides: Sequence[str] = (),
-    fresh: bool = False,
-    dry_run: bool = False,
-    detach: bool = False,
-    skip_preflight: bool = False,
-    sync_wheel: str | None = None,
-    save: str | None = None,
-    out: TextIO = sys.stdout,
-) -> int:
-    """Plan, then (unless ``dry_run``) start and follow a run; see docs/deploy.md."""
-    check_run_flag(run)
-    if run and fresh:
-        raise UsageError("--fresh starts a new run and --run names one: give only one of them")
-    specs, known_hosts = get_hosts(host, hosts_file) if host else ([], Path())
-    if any(spec.kind == "vast" for spec in specs):
-        if len(specs) > 1:
-            raise UsageError(
-                f"--host {host}: a vast entry rents its own single instance; it cannot be a "
-                "node of a multi-host job yet. Deploy it alone (--host NAME)."
-            )
-        from ups.deploy.vast import ops  # rent, run, fetch, end the instance
+def deploy(request: DeployRequest, out: TextIO = sys.stdout) -> int:
+    """Plan, then (unless ``dry_run``) start and follow a run; see docs/deploy.md.
 
-        return ops.deploy(
-            specs[0],
-            known_hosts,
-            Path(config),
-            out,
-            run_id=run,
-            overrides=tuple(overrides),
-            dry_run=dry_run,
-            detach=detach,
-            skip_preflight=skip_preflight,
-            mirror=Path(save) if save else None,
-        )
-    targets = _targets(host, hosts_file, out)
-    cfg = load_run_config(Path(config), overrides)
-    env = dict(os.environ)
-    if len(targets) > 1:
-        plans = group.plan_group(
-            targets,
-            Path(config),
-            cfg=cfg,
-            run_id=run,
-            overrides=list(overrides),
-            follow_logs=not detach,
-            skip_preflight=skip_preflight,
-            env=env,
-        )
-        for t, p in zip(targets, plans, strict=True):
-            t.say(p.render())
-        return 0 if dry_run else group.deploy(targets, plans, env=env)
-    target = targets[0]
-    if target.spec.kind == "docker":
-        from ups.deploy import docker_kind  # the Docker SDK only when a docker host is used
-
-        return docker_kind.deploy(
-            target,
-            Path(config),
-            cfg=cfg,
-            run_id=run,
-            overrides=overrides,
-            fresh=fresh,
-            dry_run=dry_run,
-            detach=detach,
-            skip_preflight=skip_preflight,
-        )
-
-    def replan(run_id: str | None) -> DeployPlan:
-        return build_plan(
-            target.spec,
-            Path(config),
-            cfg=cfg,
-            run_id=run_id,
-            overrides=overrides,
-            fresh=fresh,
-            follow=not detach,
-            skip_preflight=skip_preflight,
-            env=env,
-        )
-
-    plan = replan(run)
-    target.say(plan.render())
-    if dry_run:
-        return 0
-    return execute.deploy(
-        target,
-        plan,
-        env=env,
-        replan=replan,
-        sync=Path(sync_wheel) if sync_wheel else None,
-        mirror=Path(save) if save else None,
-    )
+    Every option the chosen host kind would not honour is refused here, before any host
+    or API is contacted.
+    """
+    specs, known_hosts = get_hosts(_need_host(request.host), request.hosts_file)
+    kind = kinds.kind_for(specs, request.host or "")
+    refuse_unsupported(request, kind, request.host or "")
+    return kind.deploy(request, specs, known_hosts, out)
 
 
 def preflight(
@@ -176,12 +87,7 @@ def preflight(
     """Run preflight on each host as it is (with a config path on the host, if given)."""
 
     def one(target: Target) -> int:
-        spec = target.spec
-        if spec.kind == "docker":
-            # The checks must see what the container sees: run them in the image.
-            command = rc.docker_preflight_command(spec.image, spec.docker_host, spec.gpus, config)
-        else:
-            command = rc.argv(*rc.preflight_argv(spec.ups_bin, config, spec.gpus))
+        command = kinds.get(target.spec.kind).preflight_command(target.spec, config)
         conn = target.connect()
         try:
             remote_preflight(target, conn, command)
@@ -215,7 +121,7 @@ def logs(
 ) -> int:
     check_run_flag(run)
     mirror = Path(save) if save else None
-    return _on_each(host, hosts_file, out, lambda t: execute.logs(t, run, mirror), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.logs(t, run, mirror), run)
 
 
 def status(
@@ -226,7 +132,7 @@ def status(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.status(t, run), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.status(t, run), run)
 
 
 def stop(
@@ -238,7 +144,7 @@ def stop(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: execute.stop(t, run, timeout), run)
+    return _on_each(host, hosts_file, out, lambda t: operate.stop(t, run, timeout), run)
 
 
 def fetch(
@@ -257,24 +163,14 @@ def fetch(
 
 
 def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
-    from ups.deploy.vast import ops
+    from ups.deploy.kinds import vast
 
-    return ops.instances(_vast_spec(host, hosts_file), out)
+    return vast.instances(host, hosts_file, out)
 
 
 def down(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.vast import ops
+    from ups.deploy.kinds import vast
 
-    return ops.down(_vast_spec(host, hosts_file), out, run)
-
-
-def _vast_spec(host: str, hosts_file: str | None) -> HostSpec:
-    spec, _known = get_host(host, hosts_file)
-    if spec.kind != "vast":
-        raise UsageError(
-            f"host {host!r} is kind {spec.kind}, not vast: `fab instances` and `fab down` "
-            "manage Vast instances that ups created. Pass a `kind: vast` entry."
-        )
-    return spec
+    return vast.down(host, run, hosts_file, out)

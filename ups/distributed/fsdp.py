@@ -83,11 +83,6 @@ class StepGather:
         for p in cast(nn.Module, self.model).parameters():
             p.grad = None  # a skipped step's gradients must not leak into this one
 
-    def gather_for_eval(self) -> None:
-        """Every rank: gather once so evaluation's forwards (a different number of batches
-        per rank) run no collective."""
-        self.begin_step()
-
 
 class ShardedGrads:
     """The FSDP counterpart of ``GradBuffer``: full gradients packed into one flat buffer

@@ -19,6 +19,7 @@ from typing import Any, TextIO, cast
 
 import structlog
 
+from ups.backoff import LAUNCH_RESTART
 from ups.config import Config
 from ups.launch.finalize import (
     exit_code,
@@ -38,7 +39,6 @@ from ups.retry import retry_verdict
 from ups.rundir import mark_latest, record_launch
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
-MAX_BACKOFF_S = 300.0
 
 
 def _setup_logging(plan: LaunchPlan, tee: LineTee) -> None:
@@ -223,7 +223,7 @@ def _restart_delay(
         return None
     if result.received_signal is not None or used >= plan.max_restarts:
         return None
-    return float(min(plan.restart_backoff_s * 2**used, MAX_BACKOFF_S))
+    return LAUNCH_RESTART.with_(first=plan.restart_backoff_s).delay(used)
 
 
 MAX_PORT_SWITCHES = 3

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from preflight.options import PreflightOptions
-from preflight.result import Report, Status
-from preflight.runner import run_preflight
 from ups.config import Config
 from ups.launch.plan import LaunchPlan
+from ups.preflight.options import PreflightOptions
+from ups.preflight.result import Report, Status
+from ups.preflight.runner import run_preflight
 
 
 @dataclass(frozen=True, slots=True)

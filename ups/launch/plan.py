@@ -239,7 +239,7 @@ def build_plan(
     """Resolve every default and decide ports, ids, argv and env. Raises ValueError.
 
     ``pick_port(preferred)`` returns ``preferred`` when it can be bound, else a free port
-    (``preflight.checks.ports.pick_free_port``); only the node hosting the store uses it.
+    (``ups.preflight.checks.ports.pick_free_port``); only the node hosting the store uses it.
     """
     environ = os.environ if environ is None else environ
     output_dir = Path(req.output_dir or (cfg.run.output_dir if cfg else "runs"))

@@ -1,7 +1,7 @@
 """Master ports that several ``ups launch`` on one host never share.
 
 Two launches started in the same second both saw 29500 free, both planned it, and the
-second torchrun died with EADDRINUSE seconds later, after preflight (issue 15). Checking
+second torchrun died with EADDRINUSE seconds later, after preflight. Checking
 that a port can be bound is not enough: nothing holds it between the check and the
 moment torchrun's agent binds its store.
 
@@ -33,7 +33,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from preflight.checks.ports import is_bindable
+from ups.preflight.checks.ports import is_bindable
 
 _held: dict[int, int] = {}
 """port -> fd of its lock file, open for the life of this process (closing drops the lock)."""

@@ -8,7 +8,7 @@
 - ``manifest.json``: tasks, shapes and where the encoders came from.
 
 Everything is moved to the CPU before saving, so a cache can never carry CUDA storages
-(the failure in REFERENCE §1), and files are read with ``weights_only=True, mmap=True``:
+(the CPU-only cache failure), and files are read with ``weights_only=True, mmap=True``:
 every rank on a node maps the same page-cache copy, read-only. The rank gathers each
 step's rows itself (one copy of the batch's rows); its DataLoader workers, forked after
 the load, inherit the mapping and never touch it, so no worker holds a copy.

@@ -1,6 +1,6 @@
 """``ups-train CONFIG``: one training worker, under torchrun or as a plain process.
 
-Order matters (REFERENCE §1): W&B is decided from RANK before anything imports it; the
+Order matters: W&B is decided from RANK before anything imports it; the
 config and data are checked before any process group exists; the process group comes
 before the data loaders.
 """

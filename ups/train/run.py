@@ -381,8 +381,8 @@ def _build(
     tracker: Tracker,
     stop: StopFlag,
 ) -> Trainer:
-    """Run id, run directory, tracker, loader (after the process group: it shards by rank,
-    REFERENCE §1), trainer, then the resume from the newest good checkpoint."""
+    """Run id, run directory, tracker, loader (after the process group: it shards by rank
+    ), trainer, then the resume from the newest good checkpoint."""
     run.run_id = _agree_run_id(cfg, env)
     run.run_dir = _open_run_dir(cfg, env, run.run_id)
     tracker.start(cfg, run_id=run.run_id, run_dir=run.run_dir, rank=env.rank)

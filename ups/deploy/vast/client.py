@@ -19,9 +19,9 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     stop_after_delay,
-    wait_exponential,
 )
 
+from ups.backoff import VAST_API
 from ups.deploy.vast.errors import VastApiError
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ def _wait_hint(state: RetryCallState) -> float:
         after = err.response.headers.get("Retry-After")
         if after and after.replace(".", "", 1).isdigit():
             return min(float(after), 60.0)
-    return float(wait_exponential(multiplier=0.5, max=15)(state))
+    return float(VAST_API.wait()(state))
 
 
 def api_message(err: requests.HTTPError) -> str:

@@ -1,4 +1,15 @@
-"""The vast deploy from create to the end, recovering lost instances (see :mod:`recover`).
+"""Keep one run going across Vast instances: notice a lost instance, rent another, resume.
+
+While a run is followed, a :class:`~ups.deploy.vast.monitor.Monitor` asks the API about
+the instance every ``monitor_s`` and new checkpoints are copied home
+(:mod:`ups.deploy.vast.sync`). The instance is lost when the API shows it outbid or
+stopped, no longer lists it, or SSH stays unreachable for ``ssh_lost_s``. :class:`Keeper`
+then ends it (stop or destroy, so it can never train the run beside its successor),
+rents the next matching offer under the same cap, runs setup and preflight there,
+uploads the newest good checkpoint with the local log, and resumes the same run id. A
+run that ends by itself is relaunched only when ``ups/retry.py`` calls its cause
+retryable. ``max_recoveries`` and ``max_hours`` (one deadline across all instances)
+bound everything; past them the deploy exits 8.
 
 :func:`run` is what ``fab deploy --host vast`` runs: it ends every instance it created
 per ``on_exit`` on every path (exception, Ctrl-C, SIGTERM, SIGHUP) and then prints the
@@ -11,19 +22,18 @@ import posixpath
 import time
 from pathlib import Path
 
-from ups.deploy import execute
+from ups.deploy import operate
 from ups.deploy import remote as rc
+from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError
 from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
-from ups.deploy.plan import DeployPlan
 from ups.deploy.runs import read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
 from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
 from ups.deploy.vast.instance import State
-from ups.deploy.vast.lifecycle import Lifecycle, signals_interrupt
-from ups.deploy.vast.recover import (
+from ups.deploy.vast.monitor import (
     RECOVERY_EVENT,
     InstanceLost,
     Leg,
@@ -32,6 +42,7 @@ from ups.deploy.vast.recover import (
     Pending,
     _event,
 )
+from ups.deploy.vast.rental import Lifecycle, signals_interrupt
 from ups.deploy.vast.sync import CheckpointSync, Synced, newest_good
 from ups.retry import retry_verdict
 
@@ -115,14 +126,14 @@ class Keeper:
         while True:
             conn = target.connect()
             try:
-                plan, _ = execute.prepare(
+                plan, _ = operate.prepare(
                     target,
                     conn,
                     self.plan_on(target),
                     env=self.env,
                     replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
                 )
-                execute.launch(target, conn, plan)
+                operate.launch(target, conn, plan)
             finally:
                 conn.close()
             self._mark("started")
@@ -377,7 +388,7 @@ def _detached(
     leg = Leg(lifecycle.create(), plan.price)
     keeper.legs.append(leg)
     target = keeper.boot(leg)
-    code = execute.deploy(
+    code = operate.deploy(
         target,
         keeper.plan_on(target),
         env=env,

@@ -12,8 +12,8 @@ from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
 from ups.deploy.vast.keeper import run
-from ups.deploy.vast.lifecycle import Lifecycle, describe_timings
-from ups.deploy.vast.plan import build_vast_plan, container_spec
+from ups.deploy.vast.rental import Lifecycle, describe_timings
+from ups.deploy.vast.rental_plan import build_vast_plan, container_spec
 
 
 def _watchdog_key(spec: HostSpec) -> str | None:

@@ -29,7 +29,6 @@ from ups.deploy.errors import DeployError
 from ups.deploy.progress import human_bytes
 from ups.deploy.session import Target
 from ups.fsio import atomic_write_text
-from ups.train.checkpoint import CheckpointCorrupt, list_checkpoints, load_checkpoint
 
 _NAME = re.compile(r"step_(\d+)\.pt$")
 _CHUNK = 1 << 20
@@ -53,7 +52,11 @@ class Synced:
 
 def newest_good(local_dir: Path) -> tuple[int, Path] | None:
     """The newest checkpoint here that matches its digest (what a recovery uploads)."""
-    for step, path in reversed(list_checkpoints(local_dir)):
+    # Loading a checkpoint needs torch; only a recovery gets here, so `fab status`,
+    # `fab --list` and the rest of deploy never pay for importing it.
+    from ups.train.checkpoint import CheckpointCorrupt, load_checkpoint
+
+    for step, path in reversed(_local_checkpoints(local_dir)):
         if not path.with_name(path.name + ".sha256").exists():
             continue
         try:
@@ -62,6 +65,14 @@ def newest_good(local_dir: Path) -> tuple[int, Path] | None:
             continue
         return step, path
     return None
+
+
+def _local_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """``step_N.pt`` files in ``directory``, oldest step first (the trainer's naming)."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found)
 
 
 def _digest(path: Path) -> str:
@@ -88,7 +99,7 @@ class CheckpointSync:
     def have(self) -> set[int]:
         return {
             step
-            for step, path in list_checkpoints(self.local_dir)
+            for step, path in _local_checkpoints(self.local_dir)
             if path.with_name(path.name + ".sha256").exists()
         }
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ups import jsonio
 from ups.deploy.hosts import HostSpec
-from ups.deploy.remote import STATE_DIR, q
+from ups.deploy.remote import STATE_DIR, vast_onstart_command
 
 WATCH_DIR = ".ups/vast"
 KEY_FILE = "watchdog.key"
@@ -48,16 +48,7 @@ def onstart_command(spec: HostSpec, deadline_epoch: float) -> str:
     ]  # fmt: skip
     if spec.vast_url:
         args += ["--server-url", spec.vast_url]
-    log = watch_path(spec.workdir, "watchdog.log")
-    lines = [
-        "touch ~/.no_auto_tmux",
-        f"mkdir -p {q(posixpath.join(spec.workdir, WATCH_DIR))}",
-        spec.remote_env or "",
-        f'UPS=$(command -v {q(spec.ups_bin)}); PY=$(head -n 1 "$UPS" | sed "s/^#!//")',
-        f'setsid nohup "$PY" -m ups.deploy.vast.watchdog {" ".join(q(a) for a in args)} '
-        f">> {q(log)} 2>&1 < /dev/null &",
-    ]
-    return "\n".join(line for line in lines if line) + "\n"
+    return vast_onstart_command(spec.workdir, WATCH_DIR, spec.ups_bin, spec.remote_env, args)
 
 
 def _log(event: str, **fields: object) -> None:

@@ -1,0 +1,70 @@
+"""How long to wait between tries: every backoff in ups is one of the named policies here.
+
+*Whether* a failure is worth another try is decided elsewhere: ``ups/retry.py`` for a
+run's outcome, the caller's exception types for a connection or an API call. This module
+only says how the waits grow: ``first * factor**n`` seconds before try ``n + 2``, capped
+at ``max_s``. Tenacity runs the retries where a function is simply called again
+(:meth:`Policy.wait`); loops that poll a state or stream keep their own loop and take
+their sleeps from :meth:`Policy.delays`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import tenacity
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Exponential backoff: ``first`` seconds, times ``factor`` each try, at most ``max_s``."""
+
+    name: str
+    first: float
+    factor: float
+    max_s: float
+
+    def delay(self, n: int) -> float:
+        """The wait after the ``n``-th failed try (0-based)."""
+        return float(min(self.first * self.factor**n, self.max_s))
+
+    def delays(self) -> Iterator[float]:
+        """The waits in order, without end (the caller's deadline or budget stops it)."""
+        n = 0
+        while True:
+            yield self.delay(n)
+            n += 1
+
+    def wait(self) -> tenacity.wait.wait_base:
+        """The same waits for a ``tenacity.Retrying``."""
+        return tenacity.wait_exponential(
+            multiplier=self.first, exp_base=self.factor, max=self.max_s
+        )
+
+    def with_(self, *, first: float | None = None, max_s: float | None = None) -> Policy:
+        """This policy with a setting from config or a caller (e.g. ``first`` from a flag)."""
+        return dataclasses.replace(
+            self,
+            first=self.first if first is None else first,
+            max_s=self.max_s if max_s is None else max_s,
+        )
+
+
+SSH_CONNECT = Policy("ssh_connect", first=1.0, factor=2.0, max_s=30.0)
+"""A connect that failed for network reasons (an sshd still starting)."""
+VAST_API = Policy("vast_api", first=0.5, factor=2.0, max_s=15.0)
+"""Vast's 429/5xx without a Retry-After header."""
+VAST_RUNNING = Policy("vast_running", first=1.0, factor=1.5, max_s=10.0)
+"""Polling a new instance until it runs; the growth keeps within the API's rate limit."""
+VAST_SSH = Policy("vast_ssh", first=1.0, factor=2.0, max_s=8.0)
+"""A running instance whose sshd or keys are not there yet."""
+LOG_STREAM = Policy("log_stream", first=0.25, factor=2.0, max_s=8.0)
+"""Reconnecting a dropped log stream: the first retry fast, a dead link not hammered."""
+LAUNCH_RESTART = Policy("launch_restart", first=10.0, factor=2.0, max_s=300.0)
+"""Relaunching torchrun in place after a retryable failure (``first`` comes from the plan)."""
+
+POLICIES = {
+    p.name: p for p in (SSH_CONNECT, VAST_API, VAST_RUNNING, VAST_SSH, LOG_STREAM, LAUNCH_RESTART)
+}

@@ -1,0 +1,169 @@
+"""The vast deploy plan: which offer, at what price, what is created, then the container plan.
+
+Building it searches offers (one read-only API call) and creates nothing; ``--dry-run``
+prints it. Once the instance answers SSH, the instance is a ``container`` host and
+:attr:`VastPlan.deploy` (the ordinary container plan) runs there unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ups.config import Config
+from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
+from ups.deploy.hosts import HostSpec
+from ups.deploy.vast.client import VastApi
+from ups.deploy.vast.instance import label_for
+from ups.deploy.vast.offers import Offer, bid_price, choose, offer_type
+from ups.deploy.vast.watchdog import onstart_command
+from ups.runid import new_run_id
+
+PENDING_ADDRESS = "(instance ssh address)"
+
+
+def container_spec(
+    spec: HostSpec, host: str = PENDING_ADDRESS, port: int | None = None
+) -> HostSpec:
+    """The vast entry as the container host it becomes once the instance has an address."""
+    return spec.model_copy(
+        update={"kind": "container", "host": host, "port": port, "user": spec.user or "root"}
+    )
+
+
+@dataclass
+class VastPlan:
+    spec: HostSpec
+    offer: Offer
+    price: float
+    bid: float | None
+    label: str
+    onstart: str
+    deadline_epoch: float
+    local_runs: Path
+    """Where the run directory is fetched to (the config's output_dir, locally)."""
+    deploy: DeployPlan
+    config: Path
+    cfg: Config
+    overrides: tuple[str, ...]
+    skip_preflight: bool
+    env: dict[str, str]
+
+    def replan(self, spec: HostSpec, run_id: str | None) -> DeployPlan:
+        """The container plan for the instance once it has an address (``spec``)."""
+        return build_plan(
+            spec,
+            self.config,
+            cfg=self.cfg,
+            run_id=run_id or self.run_id,
+            overrides=self.overrides,
+            follow=self.deploy.follow,
+            skip_preflight=self.skip_preflight,
+            env=self.env,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.deploy.run_id
+
+    def with_next_offer(self, api: VastApi, exclude: set[int]) -> VastPlan:
+        """The same plan on the next matching offer under the same cap (for a recovery).
+
+        ``exclude`` holds the offers of lost instances; the watchdog keeps the original
+        deadline, so ``max_hours`` counts across every instance of the run.
+        """
+        s = self.spec
+        assert s.offer is not None and s.max_price_per_hour is not None  # hosts.py checks
+        rows = api.search_offers(s.offer, s.order, offer_type(s.interruptible), s.disk_gb)
+        rows = [row for row in rows if int(row["id"]) not in exclude]
+        offer = choose(rows, s.max_price_per_hour, s.interruptible, s.offer)
+        return dataclasses.replace(
+            self,
+            offer=offer,
+            price=offer.price(s.interruptible),
+            bid=bid_price(offer, s.interruptible),
+        )
+
+    def create_fields(self) -> dict[str, object]:
+        """Keyword arguments of ``VastAI.create_instance``: no secret among them."""
+        fields: dict[str, object] = {
+            "image": self.spec.image,
+            "disk": self.spec.disk_gb,
+            "label": self.label,
+            "onstart_cmd": self.onstart,
+            "ssh": True,
+            "direct": True,
+        }
+        if self.bid is not None:
+            fields["bid_price"] = self.bid
+        return fields
+
+    def render(self) -> str:
+        s = self.spec
+        kind = f"interruptible, bid ${self.bid:.3f}/h" if self.bid is not None else "on demand"
+        hours = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.deadline_epoch))
+        lines = [
+            f"vast plan: run {self.run_id} on a new Vast instance ({s.name})",
+            f"  offer:    {self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
+            f"cap ${s.max_price_per_hour:.3f}/h",
+            f"  query:    {s.offer!r} ordered by {s.order}",
+            f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label {self.label}",
+            f"  watchdog: on the instance from boot; ends it ({s.on_exit}) at {hours} "
+            f"(max_hours {s.max_hours:g})",
+            f"  then:     wait for running and SSH (up to {s.boot_timeout_s:.0f} s), record the "
+            "host key" + (f", run setup: {s.setup}" if s.setup else ""),
+            f"  at end:   fetch {self.deploy.remote.run_dir} -> {self.local_runs / self.run_id}, "
+            f"then {s.on_exit} the instance (also on any failure or Ctrl-C)",
+            "",
+            self.deploy.render(),
+        ]
+        return "\n".join(lines)
+
+
+def build_vast_plan(
+    spec: HostSpec,
+    config: Path,
+    api: VastApi,
+    *,
+    run_id: str | None = None,
+    overrides: tuple[str, ...] = (),
+    follow: bool = True,
+    skip_preflight: bool = False,
+    env: dict[str, str] | None = None,
+    now: float | None = None,
+) -> VastPlan:
+    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    cfg = load_run_config(config, overrides)
+    env = dict(env if env is not None else {})
+    run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
+    rows = api.search_offers(spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb)
+    offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
+    deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
+    deploy = build_plan(
+        container_spec(spec),
+        config,
+        cfg=cfg,
+        run_id=run_id,
+        overrides=overrides,
+        follow=follow,
+        skip_preflight=skip_preflight,
+        env=env,
+    )
+    return VastPlan(
+        spec=spec,
+        offer=offer,
+        price=offer.price(spec.interruptible),
+        bid=bid_price(offer, spec.interruptible),
+        label=label_for(spec.name, run_id),
+        onstart=onstart_command(spec, deadline),
+        deadline_epoch=deadline,
+        local_runs=cfg.run.output_dir,
+        deploy=deploy,
+        config=config,
+        cfg=cfg,
+        overrides=overrides,
+        skip_preflight=skip_preflight,
+        env=env,
+    )
