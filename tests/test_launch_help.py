@@ -32,7 +32,8 @@ def _parser_of(command: str) -> argparse.ArgumentParser:
 
     argparse.ArgumentParser.parse_known_args = catch  # type: ignore[method-assign,assignment]
     try:
-        importlib.import_module(COMMANDS[command][0]).main(["--help"])
+        module, _, function = COMMANDS[command][0].partition(":")
+        getattr(importlib.import_module(module), function or "main")(["--help"])
     except _Caught as caught:
         return caught.parser
     finally:

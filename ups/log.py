@@ -50,6 +50,7 @@ class _Sinks:
         self.chosen = False
         """The process's stdout format was chosen explicitly (``--log-format``)."""
         self.view: ConsoleView | None = None
+        self._view_stream: TextIO | None = None
 
     @property
     def stdout(self) -> TextIO:
@@ -75,8 +76,14 @@ class _Sinks:
         if level < self.min_stdout:
             return
         if self.console:
+            stream = self.stdout
+            if self.view is not None and self._view_stream is not stream:
+                # sys.stdout was replaced since the view was made: follow it, as plain
+                # output does, instead of drawing on a stream that may be closed.
+                self.close()
             if self.view is None:
-                self.view = ConsoleView(self.stdout, live=self.live)
+                self.view = ConsoleView(stream, live=self.live)
+                self._view_stream = stream
                 atexit.register(self.view.close)  # the live line ends with the process
             self.view.feed_event(dict(event))
             return
