@@ -4,7 +4,13 @@
 # scripts/docker-engine.sh and scripts/sshd-setup.sh, which this script runs first.
 # GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them. Any other
 # skip fails the run (tests/conftest.py collects skip reasons): a test that did not run is
-# not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`).
+# not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`,
+# once across the xdist workers too).
+#
+# Tests run side by side (pytest-xdist): most of the suite waits on subprocesses, sshd, the
+# FAKE Vast's instances and Docker, not on the CPU. UPS_TEST_WORKERS (default 4) sets the
+# worker count; `--dist loadfile` keeps a module's tests on one worker, so module-scoped
+# fixtures (sshd, private Docker engines) start once. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -31,4 +37,4 @@ $BIN/python scripts/lint_coverage.py
 echo "== mypy"
 $BIN/mypy
 echo "== pytest"
-exec $BIN/pytest -ra -q --durations=15 "$@"
+exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-4}" --dist loadfile "$@"

@@ -30,6 +30,7 @@ stuck_here()
 """
 
 
+@pytest.mark.slow
 def test_a_stuck_process_dump_names_its_main_thread_frame(tmp_path: Path) -> None:
     """SIGUSR1 makes a stuck process write every thread's stack into its log; the parser
     names the main thread's innermost frame (file:line in function), not the helper's."""
