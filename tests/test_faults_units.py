@@ -25,7 +25,7 @@ log.write('{"event": "a json line before the dump"}\\n'); log.flush()
 threading.Thread(target=lambda: time.sleep(600), daemon=True).start()
 def stuck_here():
     print("ready", flush=True)
-    time.sleep(600)
+    time.sleep(600)  # the stuck state under test; the test dumps its stack, then kills it
 stuck_here()
 """
 

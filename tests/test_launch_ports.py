@@ -25,7 +25,7 @@ HOLD = """
 import sys, time
 from ups.launch.ports import reserve_port
 print(reserve_port(int(sys.argv[1])), flush=True)
-time.sleep(60)
+time.sleep(60)  # holds the reservation while the test plans another launch, then is killed
 """
 
 
