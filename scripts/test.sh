@@ -30,11 +30,28 @@ if ! bash scripts/docker-engine.sh; then
     exit 1
 fi
 
+# The docker tests' image, built while the linters run: the build mostly waits on disk
+# and the engine. The docker tests' fixture (conftest `ups_image`) builds again under a
+# file lock, which the layer cache makes seconds, so no xdist worker waits minutes for it.
+build_log=$(mktemp)
+bash scripts/build-images.sh >"$build_log" 2>&1 &
+build_pid=$!
+trap 'kill "$build_pid" 2>/dev/null || true' EXIT  # a linter failed: stop the build too
+
 echo "== ruff"
 $BIN/ruff check .
 echo "== lint coverage (nothing skipped by ruff or mypy)"
 $BIN/python scripts/lint_coverage.py
 echo "== mypy"
 $BIN/mypy
+echo "== the ups:cpu image (built in the background since the linters started)"
+if ! wait "$build_pid"; then
+    tail -n 40 "$build_log" >&2
+    echo "test.sh: scripts/build-images.sh failed (log above); the docker tests need the" \
+        "image, so this run would fail. Fix the build, then run the tests again." >&2
+    exit 1
+fi
+rm -f "$build_log"
+trap - EXIT
 echo "== pytest"
 exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-4}" --dist loadfile "$@"
