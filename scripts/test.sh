@@ -4,7 +4,13 @@
 # scripts/docker-engine.sh and scripts/sshd-setup.sh, which this script runs first.
 # GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them. Any other
 # skip fails the run (tests/conftest.py collects skip reasons): a test that did not run is
-# not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`).
+# not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`,
+# once across the xdist workers too).
+#
+# Tests run side by side (pytest-xdist): most of the suite waits on subprocesses, sshd, the
+# FAKE Vast's instances and Docker, not on the CPU. UPS_TEST_WORKERS (default 4) sets the
+# worker count; `--dist loadfile` keeps a module's tests on one worker, so module-scoped
+# fixtures (sshd, private Docker engines) start once. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -24,11 +30,28 @@ if ! bash scripts/docker-engine.sh; then
     exit 1
 fi
 
+# The docker tests' image, built while the linters run: the build mostly waits on disk
+# and the engine. The docker tests' fixture (conftest `ups_image`) builds again under a
+# file lock, which the layer cache makes seconds, so no xdist worker waits minutes for it.
+build_log=$(mktemp)
+bash scripts/build-images.sh >"$build_log" 2>&1 &
+build_pid=$!
+trap 'kill "$build_pid" 2>/dev/null || true' EXIT  # a linter failed: stop the build too
+
 echo "== ruff"
 $BIN/ruff check .
 echo "== lint coverage (nothing skipped by ruff or mypy)"
 $BIN/python scripts/lint_coverage.py
 echo "== mypy"
 $BIN/mypy
+echo "== the ups:cpu image (built in the background since the linters started)"
+if ! wait "$build_pid"; then
+    tail -n 40 "$build_log" >&2
+    echo "test.sh: scripts/build-images.sh failed (log above); the docker tests need the" \
+        "image, so this run would fail. Fix the build, then run the tests again." >&2
+    exit 1
+fi
+rm -f "$build_log"
+trap - EXIT
 echo "== pytest"
-exec $BIN/pytest -ra -q --durations=15 "$@"
+exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-4}" --dist loadfile "$@"

@@ -152,6 +152,8 @@ def only_run_dir(output_dir: Path) -> Path:
 
 
 # --- Skip policy: on a machine without a GPU every test runs; only GPU tests may skip. ---
+# Under pytest-xdist these hooks run in the controller too, on the reports the workers send
+# (keywords become a dict there, and a skip's longrepr may arrive as a list).
 
 _GPU_REASON = re.compile(r"\b(gpu|cuda|nccl)\b", re.IGNORECASE)
 _bad_skips: list[str] = []
@@ -167,14 +169,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr
-    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple | list) else str(longrepr)
     if not _allowed_skip(report, reason):
         _bad_skips.append(f"{report.nodeid}: {reason}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when a test skipped for a reason other than the GPU: a skip on a CPU
-    machine is a test that did not run, and CI must say so (issue 15, item 8)."""
+    machine is a test that did not run, and CI must say so."""
     if _bad_skips and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -186,13 +188,134 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
+# --- Tiers are checked: a test that starts a process must say so with its markers. ---
+# `make test-fast` runs `-m "not slow"` and must stay quick, so every test that starts a
+# process (a subprocess, a multiprocessing worker) carries `slow`, plus `ssh` when that
+# process is ssh/sshd and `docker` when it is docker/dockerd. The guard watches every
+# spawn during a test's setup (fixtures of any scope it starts), call and teardown, and
+# fails the test naming the markers it lacks.
+
+_NEEDS = (
+    (re.compile(r"(^|/)(sshd?)$"), "ssh"),
+    (re.compile(r"(^|/)(docker|dockerd|docker-compose)$"), "docker"),
+)
+_QUICK_TOOLS = {"mount", "umount", "ssh-keygen", "ldd", "git"}
+"""System tools that finish in milliseconds and start nothing that stays: allowed unmarked
+(as is ``sh -n``, a syntax check). Anything else, a Python (torch import alone takes
+seconds), torchrun, fab, ups, sshd or docker, needs ``slow``."""
+
+
+def _argv(args: Any) -> list[str]:
+    if isinstance(args, str | bytes | os.PathLike):
+        return [os.fsdecode(args)]
+    return [os.fsdecode(a) if isinstance(a, str | bytes | os.PathLike) else str(a) for a in args]
+
+
+def missing_markers(marks: set[str], argv: list[str]) -> list[str]:
+    """The markers a test with ``marks`` lacks for spawning ``argv`` (empty: none)."""
+    program = os.path.basename(argv[0]) if argv else ""
+    quick = program in _QUICK_TOOLS or (program in ("sh", "bash") and argv[1:2] == ["-n"])
+    needed = set() if quick else {"slow"}
+    # `ip netns exec NS sshd ...`, `env X=1 docker ...`, `setsid docker ...`: look past
+    # the wrappers at every word that names a program.
+    for word in argv[:8]:
+        for pattern, marker in _NEEDS:
+            if pattern.search(word):
+                needed.add(marker)
+    return sorted(needed - marks)
+
+
+class _SpawnGuard:
+    """Records processes started while a test runs (patches stay on for the session)."""
+
+    def __init__(self) -> None:
+        self.spawned: list[list[str]] | None = None
+
+    def record(self, argv: list[str]) -> None:
+        if self.spawned is not None:
+            self.spawned.append(argv)
+
+    def install(self) -> None:
+        import multiprocessing.process
+
+        guard = self
+        popen_child = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+        def execute_child(self: subprocess.Popen[Any], args: Any, *rest: Any) -> Any:
+            guard.record(_argv(args))
+            return popen_child(self, args, *rest)
+
+        subprocess.Popen._execute_child = execute_child  # type: ignore[attr-defined]
+        process_start = multiprocessing.process.BaseProcess.start
+
+        def start(self: multiprocessing.process.BaseProcess) -> None:
+            guard.record(["multiprocessing", self.name])
+            process_start(self)
+
+        multiprocessing.process.BaseProcess.start = start  # type: ignore[method-assign]
+        forkpty = os.forkpty  # pty.fork: a child on a pseudo-terminal
+
+        def recorded_forkpty() -> tuple[int, int]:
+            guard.record(["forkpty"])
+            return forkpty()
+
+        os.forkpty = recorded_forkpty
+
+    def check(self, item: pytest.Item, phase: str) -> None:
+        spawned, self.spawned = self.spawned or [], None
+        marks = {m.name for m in item.iter_markers()}
+        missing: dict[str, str] = {}  # marker -> the first command that needs it
+        for argv in spawned:
+            for marker in missing_markers(marks, argv):
+                missing.setdefault(marker, " ".join(argv)[:160])
+        if missing:
+            lines = "\n".join(
+                f"  @pytest.mark.{marker}: it started `{cmd}`" for marker, cmd in missing.items()
+            )
+            pytest.fail(
+                f"{item.nodeid} started processes during {phase} without the markers they "
+                f"need:\n{lines}\nA test that starts a process is marked `slow` (plus `ssh` "
+                "for ssh/sshd, `docker` for docker), so `make test-fast` stays quick. Add the "
+                "markers to the test.",
+                pytrace=False,
+            )
+
+
+_guard = _SpawnGuard()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _guard.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    _guard.spawned = []
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    result = yield
+    _guard.check(item, "setup or call")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    _guard.spawned = []
+    result = yield
+    _guard.check(item, "teardown")
+    return result
+
+
 # --- The project image, built once per test run and shared by every docker test. ---
 
 
 @pytest.fixture(scope="session")
 def ups_image() -> str:
-    """The engine answering (scripts/docker-engine.sh) and ``ups:cpu`` built from this tree
-    (scripts/build-images.sh; the layer cache makes a rebuild of unchanged code seconds).
+    """The engine answering (scripts/docker-engine.sh) and the project image built from
+    this tree (scripts/build-images.sh), once per run even with several xdist workers.
     Fails (never skips) when either cannot be done: the docker tests must run."""
     from tests.docker_fixtures import ensure_project_image
 

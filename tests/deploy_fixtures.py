@@ -82,7 +82,7 @@ class SshServer:
             "user": os.environ.get("USER", "root"),
             "key": str(self.client_key),
             "kind": "container",
-            "image": "ups:cpu",
+            "image": os.environ.get("UPS_IMAGE_CPU", "ups:cpu"),
             "workdir": str(self.root / "remote"),
             "gpus": 0,
             "ups_bin": str(VENV_BIN / "ups"),

@@ -9,6 +9,7 @@ no iptables, no bridge, as REFERENCE §7 runs dockerd).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -31,21 +32,36 @@ PROJECT_IMAGE = os.environ.get("UPS_IMAGE_CPU", "ups:cpu")
 
 
 def ensure_project_image() -> str:
-    """Start the engine (scripts/docker-engine.sh) and build ``ups:cpu`` from this tree
-    (scripts/build-images.sh). Raises pytest's failure with the script's output tail."""
-    for script, timeout in (("docker-engine.sh", 600), ("build-images.sh", 1200)):
-        try:
-            out = subprocess.run(
-                ["bash", str(ROOT / "scripts" / script)],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                env={**os.environ, "UPS_IMAGE_CPU": PROJECT_IMAGE},
-            )
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"scripts/{script} did not finish within {timeout} s")
-        if out.returncode != 0:
-            pytest.fail(f"scripts/{script} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    """Start the engine (scripts/docker-engine.sh) and build the project image from this
+    tree (scripts/build-images.sh), once per test run: xdist workers take a file lock, and
+    the first one writes the run's id (``PYTEST_XDIST_TESTRUNUID``, the same in every
+    worker) into a marker beside it; the others find it there and build nothing. Raises
+    pytest's failure with the script's output tail."""
+    from filelock import FileLock
+
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    key = hashlib.sha256(f"{ROOT}\0{PROJECT_IMAGE}".encode()).hexdigest()[:16]
+    lock_dir = Path(tempfile.gettempdir())
+    marker = lock_dir / f"ups-image-{key}.built"
+    with FileLock(str(lock_dir / f"ups-image-{key}.lock"), timeout=1800):
+        if marker.exists() and marker.read_text() == run_id:
+            return PROJECT_IMAGE
+        for script, timeout in (("docker-engine.sh", 600), ("build-images.sh", 1200)):
+            try:
+                out = subprocess.run(
+                    ["bash", str(ROOT / "scripts" / script)],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    env={**os.environ, "UPS_IMAGE_CPU": PROJECT_IMAGE},
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"scripts/{script} did not finish within {timeout} s")
+            if out.returncode != 0:
+                pytest.fail(
+                    f"scripts/{script} failed (exit {out.returncode}):\n{out.stderr[-3000:]}"
+                )
+        marker.write_text(run_id)
     return PROJECT_IMAGE
 
 

@@ -21,10 +21,13 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock
 
 from tests.deploy_fixtures import SshServer, start_sshd, stop_sshd
 
@@ -83,12 +86,14 @@ def netns_hosts(root: Path, count: int) -> Iterator[list[NetnsHost]]:
     """``count`` SSH hosts in their own network namespaces, all reachable from here."""
     tag = f"{os.getpid() % 100000}"
     bridge = f"upsbr{tag}"
-    subnet = _subnet()
     namespaces: list[str] = []
     hosts: list[NetnsHost] = []
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        _ip("addr", "add", f"10.77.{subnet}.254/24", "dev", bridge)
+        # xdist workers pick subnets side by side: choosing one and taking it is one step.
+        with FileLock(str(Path(tempfile.gettempdir()) / "ups-netns-subnet.lock"), timeout=120):
+            subnet = _subnet()
+            _ip("link", "add", bridge, "type", "bridge")
+            _ip("addr", "add", f"10.77.{subnet}.254/24", "dev", bridge)
         _ip("link", "set", bridge, "up")
         for i in range(count):
             netns = f"ups{tag}n{i}"

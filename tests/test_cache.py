@@ -58,6 +58,7 @@ def test_cache_build_then_train_on_cached_latents(make_config, tmp_path: Path) -
         assert torch.equal(trained[f"encoders.{name}"], tensor), f"encoder {name} changed"
 
 
+@pytest.mark.slow
 def test_stale_cache_is_rejected_before_training(make_config, tmp_path: Path) -> None:
     """cache.enabled with no cache built: exit 2 naming cache.dir and the rebuild command."""
     cache_dir = tmp_path / "nocache"

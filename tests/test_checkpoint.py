@@ -69,6 +69,7 @@ save_checkpoint(Path(sys.argv[1]), 2, {"w": torch.ones(150_000_000)}, keep_last=
 """
 
 
+@pytest.mark.slow
 def test_writer_killed_mid_write_leaves_previous_checkpoint_usable(tmp_path: Path) -> None:
     """SIGKILL while a 600 MB checkpoint is written: only a temp file is left; resume uses 1."""
     save_checkpoint(tmp_path, 1, _state(1.0), keep_last=3)

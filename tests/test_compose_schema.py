@@ -112,6 +112,8 @@ def test_schema_catches_a_wrong_key() -> None:
     assert any("gpu_count" in e for e in _errors(doc))
 
 
+@pytest.mark.slow
+@pytest.mark.docker
 def test_gpu_file_runs_preflight_first_and_keeps_everything_on_the_host() -> None:
     """train-ddp starts only after preflight succeeds, sees all GPUs, and writes to host dirs."""
     services = _rendered(BASE)["services"]
@@ -135,6 +137,8 @@ def test_gpu_file_runs_preflight_first_and_keeps_everything_on_the_host() -> Non
     assert ddp["stop_grace_period"] == f"{seconds // 60}m{seconds % 60}s"
 
 
+@pytest.mark.slow
+@pytest.mark.docker
 def test_the_wandb_key_is_a_secret_file_never_an_environment_entry() -> None:
     """The W&B key reaches every service as a secret file (default: an empty one, so W&B
     logs offline); nothing forwards .env as environment, which `docker inspect` would show."""
@@ -155,6 +159,8 @@ def test_the_wandb_key_is_a_secret_file_never_an_environment_entry() -> None:
     assert ".env" in (ROOT / ".dockerignore").read_text().split()
 
 
+@pytest.mark.slow
+@pytest.mark.docker
 def test_preflight_checks_the_same_run_that_train_ddp_launches() -> None:
     """The gate checks the config and overrides training will use, in both variants."""
     for files in ((BASE,), (BASE, CPU)):
@@ -165,6 +171,8 @@ def test_preflight_checks_the_same_run_that_train_ddp_launches() -> None:
         assert _sets(pre) == _sets(ddp)
 
 
+@pytest.mark.slow
+@pytest.mark.docker
 def test_cpu_override_merged_is_valid_and_drops_gpus() -> None:
     """With the CPU override: valid Compose, no GPU reservation, host network, gloo on 2 ranks."""
     merged = _rendered(BASE, CPU)

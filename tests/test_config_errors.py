@@ -176,6 +176,7 @@ CASES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_trainer_exits_2_naming_the_key(make_config: MakeConfig, tmp_path: Path, case: str) -> None:
     """Each kind of config mistake makes ``python -m ups.train.main`` exit 2 with one

@@ -43,6 +43,7 @@ def _one_paragraph(stderr: str) -> None:
     assert stderr.count("error: ") == 1, stderr
 
 
+@pytest.mark.slow
 def test_fab_deploy_help_lists_options() -> None:
     """`fab deploy --help` prints the task's options (once `-h` was taken by --host)."""
     result = fab("deploy", "--help", timeout=60)
@@ -51,6 +52,7 @@ def test_fab_deploy_help_lists_options() -> None:
         assert flag in result.stdout
 
 
+@pytest.mark.slow
 def test_config_typo_exits_2_with_key_path_and_set_hint(tmp_path: Path) -> None:
     """A typo'd key in the run config: exit 2, the key path, the fix, and how to override
     it from `fab deploy --set`, before any connection."""
@@ -62,6 +64,7 @@ def test_config_typo_exits_2_with_key_path_and_set_hint(tmp_path: Path) -> None:
     assert "--set KEY=VALUE" in result.stderr
 
 
+@pytest.mark.slow
 def test_set_override_is_validated_and_planned(tmp_path: Path) -> None:
     """`--set` takes the same KEY=VALUE as `ups launch --set`: a bad key exits 2 naming
     it; a good one reaches the remote launch and preflight commands in the plan."""
@@ -75,6 +78,7 @@ def test_set_override_is_validated_and_planned(tmp_path: Path) -> None:
     assert "--set training.max_steps=5" in good.stdout
 
 
+@pytest.mark.slow
 def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     """A config path that does not exist: exit 2 naming the file."""
     result = _deploy(_hosts(tmp_path), tmp_path / "nope.yaml")
@@ -83,6 +87,7 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     assert "nope.yaml" in result.stderr and "cannot read the file" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("entry", "key"),
     [
@@ -107,6 +112,7 @@ def test_shell_injection_in_hosts_file_is_refused(
     assert not Path("/tmp/ups-pwned").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("key", "value"), [("run_id", "x;curl example.org|sh"), ("name", "demo$(id)")]
 )
@@ -121,6 +127,7 @@ def test_run_id_injection_in_config_is_refused(tmp_path: Path, key: str, value: 
     assert "not a valid run id" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run_id", ["../x", "a b", "x;reboot"])
 def test_run_flag_path_escape_is_refused(tmp_path: Path, run_id: str) -> None:
     """`fab deploy --run ../x` and `ups launch --run-id ../x` are refused with exit 2
@@ -144,6 +151,7 @@ def test_run_flag_path_escape_is_refused(tmp_path: Path, run_id: str) -> None:
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_unknown_host_exits_2(tmp_path: Path) -> None:
     """`--host typo` names the hosts and groups that exist, exit 2."""
     result = fab("status", "--host", "typo", "--hosts-file", str(_hosts(tmp_path)))
@@ -152,6 +160,7 @@ def test_unknown_host_exits_2(tmp_path: Path) -> None:
     assert "unknown host 'typo'" in result.stderr and "dead" in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_key_file_exits_2_before_connecting(tmp_path: Path) -> None:
     """A `key:` that does not exist is named, with how to create one; no SSH attempt."""
     hosts = _hosts(tmp_path, key=str(tmp_path / "id_missing"))
@@ -163,6 +172,8 @@ def test_missing_key_file_exits_2_before_connecting(tmp_path: Path) -> None:
     assert "unreachable" not in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 @pytest.mark.ssh
 def test_unreadable_key_file_exits_2(sshd: SshServer, tmp_path: Path) -> None:
     """A key path that is a directory (unreadable as a key) is refused the same way."""
@@ -173,6 +184,8 @@ def test_unreadable_key_file_exits_2(sshd: SshServer, tmp_path: Path) -> None:
     assert "cannot be read" in result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 @pytest.mark.ssh
 def test_auth_failure_exits_3_naming_key_and_user(sshd: SshServer, tmp_path: Path) -> None:
     """A key the host does not accept: exit 3 at once (no retries), naming the fix."""

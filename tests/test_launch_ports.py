@@ -25,10 +25,11 @@ HOLD = """
 import sys, time
 from ups.launch.ports import reserve_port
 print(reserve_port(int(sys.argv[1])), flush=True)
-time.sleep(60)
+time.sleep(60)  # holds the reservation while the test plans another launch, then is killed
 """
 
 
+@pytest.mark.slow
 def test_a_port_another_launch_reserved_is_not_planned_again(tmp_path: Path) -> None:
     """While one process holds the reservation of port P (bindable, not yet bound), a
     second one gets another port; once the first exits, P can be reserved again."""
@@ -87,6 +88,7 @@ def test_three_launches_started_at_once_all_finish(
         assert outcome_of(tmp_path / "runs" / f"par{i}")["outcome"] == "finished"
 
 
+@pytest.mark.slow
 def test_gpus_flag_reaches_every_worker_and_rejects_typos(tmp_path: Path) -> None:
     """`--gpus 2,3` is the job's CUDA_VISIBLE_DEVICES in every worker (so preflight, the
     default --nproc-per-node and the workers agree on the subset); `--gpus 0,x` is a flag

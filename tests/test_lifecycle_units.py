@@ -220,6 +220,7 @@ def test_unreadable_outcome_counts_as_no_outcome(tmp_path: Path) -> None:
     assert read_outcome(tmp_path) is None
 
 
+@pytest.mark.slow
 def test_launch_reports_a_full_disk_without_a_traceback(tmp_path: Path) -> None:
     """`ups launch --script` with its output dir on a full tmpfs: exit code of the run
     kept (0), the console says what could not be written, and no traceback."""

@@ -109,6 +109,7 @@ def test_events_per_check_are_logged(make_config: Callable[..., Path]) -> None:
     assert any(e["event"] == "preflight_done" and e["ok"] for e in logs)
 
 
+@pytest.mark.slow
 def test_cli_json_is_machine_readable_and_exit_zero(make_config: Callable[..., Path]) -> None:
     """`ups-preflight --json` prints only the JSON document on stdout and exits 0 when fit."""
     # 29500 may be in use by a real training run on this machine: check a free port.
@@ -125,6 +126,7 @@ def test_cli_json_is_machine_readable_and_exit_zero(make_config: Callable[..., P
     assert any(e.get("event") == "preflight_check" for e in events)
 
 
+@pytest.mark.slow
 def test_cli_fails_with_exit_1_and_a_fix(make_config: Callable[..., Path]) -> None:
     """A held master port makes `ups preflight` exit 1 and print the fix in the table."""
     with socket.socket() as sock:
@@ -142,6 +144,7 @@ def test_cli_fails_with_exit_1_and_a_fix(make_config: Callable[..., Path]) -> No
     assert "preflight NOT OK" in proc.stdout
 
 
+@pytest.mark.slow
 def test_cli_strict_turns_warnings_into_failure() -> None:
     """A warning (low nofile) exits 0 normally and 1 with --strict."""
 
@@ -155,6 +158,7 @@ def test_cli_strict_turns_warnings_into_failure() -> None:
     assert strict.returncode == 1 and "(strict)" in strict.stdout
 
 
+@pytest.mark.slow
 def test_cli_unknown_check_is_a_usage_error() -> None:
     """An unknown check name exits 2 listing the valid names."""
     proc = _cli("--only", "gpus")

@@ -86,6 +86,7 @@ def test_memory_passes_here() -> None:
     assert isinstance(result.value, float) and result.value > 2
 
 
+@pytest.mark.slow
 def test_memory_cgroup_limit_fails(tmp_path: Path) -> None:
     """Inside a real 1 GiB memory cgroup, the memory check fails (limit counted, not host RAM)."""
     group = Path(f"/sys/fs/cgroup/memory/ups-preflight-test-{os.getpid()}")

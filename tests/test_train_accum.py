@@ -88,6 +88,7 @@ def _ids(run: Run, rank: int) -> dict[int, Any]:
     return {e["step"]: e["ids"] for e in events(run.run_dir, rank, "batch_ids")}
 
 
+@pytest.mark.slow
 def test_four_micro_batches_of_8_match_one_batch_of_32(runs: dict[str, Run]) -> None:
     """Same samples per optimizer step (the ids each rank logged are equal step by step),
     and after 3 steps the weights of ``accum_steps: 4, batch_size: 8`` equal those of
@@ -110,6 +111,7 @@ def test_four_micro_batches_of_8_match_one_batch_of_32(runs: dict[str, Run]) -> 
     assert all(e["train/samples_per_s"] > 0 for e in steps)
 
 
+@pytest.mark.slow
 def test_a_skipped_step_skips_all_micro_batches_on_both_ranks(runs: dict[str, Run]) -> None:
     """Rank 1 runs out of memory after the backward of all 4 micro-batches of step 3: both
     ranks skip step 3, no update from any of its micro-batches is applied (the weights
@@ -129,6 +131,7 @@ def test_a_skipped_step_skips_all_micro_batches_on_both_ranks(runs: dict[str, Ru
     assert outcome["training"]["accum_steps"] == 4
 
 
+@pytest.mark.slow
 def test_oom_policy_fail_ends_the_run_naming_the_rank_and_the_fix(runs: dict[str, Run]) -> None:
     """``oom_policy: fail``: DDP's own overlapped all-reduce, no skip. Rank 1 out of memory
     in step 3's backward ends the run on every rank promptly (no hang until a timeout):

@@ -15,7 +15,7 @@ from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 
 __all__ = ["fake_vast"]  # fixture used by name below
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
 
 def _deploy(fake: FakeVast, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,

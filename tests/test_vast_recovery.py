@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import worker_env
@@ -80,6 +81,8 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return model
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
@@ -122,6 +125,8 @@ def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
     assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_vanished_host_recovers_then_max_recoveries_stops(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
@@ -154,6 +159,8 @@ def test_vanished_host_recovers_then_max_recoveries_stops(
     assert len(_events(log, RECOVERY_EVENT)) == 1
 
 
+@pytest.mark.slow
+@pytest.mark.ssh
 def test_deterministic_failure_is_not_relaunched(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:

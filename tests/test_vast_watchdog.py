@@ -17,7 +17,7 @@ from ups.deploy.vast.watchdog import onstart_command
 
 __all__ = ["fake_vast"]  # fixture used by name below
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
 
 def _spec(fake: FakeVast, **extra: object) -> HostSpec:
