@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,22 @@ def write_darcy(path: Path, n: int = 24, h: int = 16, seed: int = 1) -> Path:
         f["t-coordinate"] = np.linspace(0, 1, 10, dtype=np.float32)
         f.attrs["beta"] = 1.0
     return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_logging() -> Iterator[None]:
+    """Each test starts with structlog unconfigured: a command run in process (``ups deploy``
+    logs to the sys.stderr of its test, which pytest closes) must not leave the next test
+    writing to a closed stream."""
+    yield
+    import structlog
+
+    from ups import log
+
+    if log._SINKS is not None:
+        log._SINKS.close()
+        log._SINKS = None
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
