@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +46,8 @@ def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
         store = dist.HashStore()  # type: ignore[attr-defined]  # not re-exported in the stubs
         dist.init_process_group(backend=backend, store=store, rank=0, world_size=1, timeout=timeout)
     dist.barrier()
+    atexit.unregister(_drain_gloo)  # once, however often a process inits
+    atexit.register(_drain_gloo)
     return device
 
 
@@ -52,7 +56,33 @@ def set_collective_timeout(seconds: float) -> None:
     dist.distributed_c10d._set_pg_timeout(dt.timedelta(seconds=seconds))
 
 
+GLOO_DRAIN_S = 0.2
+"""How long the main thread lets gloo's worker threads take the GIL before the teardown."""
+
+
 def shutdown_distributed() -> None:
-    """Tear the process group down; safe to call when none was started."""
+    """Tear the process group down; safe to call when none was started.
+
+    Under gloo, a worker thread drops a finished collective's tensors after the caller was
+    woken; a tensor whose Python object is already gone needs the GIL for that. The process
+    group's destructor joins those threads while the main thread holds the GIL, so a thread
+    still dropping one deadlocks the rank at exit (seen under load: every rank finished,
+    one never exited). The barrier makes every earlier collective complete on both sides;
+    the sleep releases the GIL so the threads finish their bookkeeping before the join.
+    """
     if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "gloo":
+            dist.barrier()
+            _drain_gloo()
         dist.destroy_process_group()
+
+
+def _drain_gloo() -> None:
+    """Release the GIL a moment while gloo's threads may still hold finished work.
+
+    Also run at exit (registered by :func:`init_distributed`): a rank that leaves without
+    :func:`shutdown_distributed` (preempted, failed) has its process group destroyed while
+    the interpreter finalizes, with the same join under the GIL.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
+        time.sleep(GLOO_DRAIN_S)
