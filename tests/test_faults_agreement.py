@@ -30,8 +30,13 @@ def test_diverging_learning_rate_fails_every_rank_at_the_same_step(make_config, 
     assert outcome["outcome"] == "failed" and outcome["exit_code"] == EXIT_NONFINITE
     reason = outcome["reason"]
     step = outcome["step"]
-    assert f"non-finite loss at step {step} on rank(s) [" in reason
-    assert "advection=" in reason and "darcy=" in reason and "nan" in reason.lower()
+    # Which overflows first at lr=1e6, the loss or only its gradient, depends on the
+    # floating-point path (thread count, load-free kernels); both are the same agreement.
+    kind = "loss" if f"non-finite loss at step {step}" in reason else "gradient"
+    assert f"non-finite {kind} at step {step} on rank(s) [" in reason, reason
+    assert "advection=" in reason and "darcy=" in reason
+    if kind == "loss":
+        assert "nan" in reason.lower() or "inf" in reason.lower()
     assert "lower training.lr (now 1e+06)" in reason and "training.grad_clip" in reason
     for rank in (0, 1):  # every rank stopped at that step, cleanly (no traceback)
         failed = events(run_dir, rank, "run_failed")

@@ -75,12 +75,16 @@ def test_workers_give_the_weights_of_in_process_loading_and_resume_exactly(
     run_dir = tmp_path / "runs" / "workers"
     assert outcome_of(run_dir)["outcome"] == "preempted"
     assert outcome_of(run_dir)["exit_code"] == EXIT_PREEMPTED
+    # torchrun forwards the SIGTERM asynchronously: under load the ranks may finish step 4
+    # before it lands, so the stop step is read, not assumed; the resume must start there.
+    stopped_at = outcome_of(run_dir)["step"]
+    assert 3 <= stopped_at < 8, stopped_at
     pids = [_worker_pids(run_dir, rank) for rank in (0, 1)]
     assert [len(p) for p in pids] == [2, 2], pids  # per rank, serving both tasks
     resumed = torchrun(config)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert outcome_of(run_dir)["outcome"] == "finished"
-    assert events(run_dir, 0, "resumed")[-1]["step"] == 4
+    assert events(run_dir, 0, "resumed")[-1]["step"] == stopped_at
     want, got = _final_model(tmp_path / "runs" / "inproc"), _final_model(run_dir)
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
