@@ -73,12 +73,17 @@ class DeployPlan:
         return any(s.name == name for s in self.steps)
 
     def render(self) -> str:
-        run = self.run_id
+        run = f"run {self.run_id}"
         if self.resume_name:
-            run += f" (new id; the host's latest unfinished {self.resume_name!r} run if any)"
+            # Which run is decided on the host, after this plan is shown: say so first, so
+            # a continued run is not announced under an id it will not have.
+            run = (
+                f"the host's latest unfinished {self.resume_name!r} run (found when the host "
+                f"is contacted), else new run {self.run_id}"
+            )
         node = f", node {self.node.rank} of {self.node.count}" if self.node else ""
         lines = [
-            f"deploy plan: run {run} on {self.host} ({self.kind}, {self.address}{node})",
+            f"deploy plan: {run} on {self.host} ({self.kind}, {self.address}{node})",
             f"  image:    {self.image}",
             f"  config:   {self.config} -> {self.remote.state('config.yaml')}",
             f"  run dir:  {self.remote.run_dir}",
