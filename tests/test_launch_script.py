@@ -43,7 +43,7 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 if dist.get_rank() == 1:
     os.kill(os.getpid(), signal.SIGKILL)
-time.sleep(30)
+time.sleep(30)  # rank 0 waits here until torchrun stops it for rank 1's death
 """
 
 
