@@ -357,14 +357,15 @@ class FakeVast:
         inst.actual_status = "exited" if inst.actual_status == "running" else inst.actual_status
 
     def namespace_pids(self, inst: FakeInstance) -> list[int]:
-        """Pids (host view) of processes in the instance's namespace: empty once it is gone."""
+        """Pids (host view) of processes in the instance's namespace: empty once it is gone.
+        Found by the instance's own disk path: its id repeats in other tests' fakes."""
         if inst.proc is None:
             return []
         out = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if str(inst.id) == _environ(entry).get("CONTAINER_ID"):
+                    if _environ(entry).get("DISK") == str(inst.root / "disk" / "workspace"):
                         out.append(int(entry.name))
         return out
 

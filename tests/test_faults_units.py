@@ -22,7 +22,7 @@ from ups.distributed.stacks import enable_stack_dumps
 log = open(sys.argv[1], "a")
 enable_stack_dumps(log)
 log.write('{"event": "a json line before the dump"}\\n'); log.flush()
-threading.Thread(target=lambda: time.sleep(600), daemon=True).start()
+threading.Thread(target=lambda: time.sleep(600), daemon=True).start()  # a 2nd stack
 def stuck_here():
     print("ready", flush=True)
     time.sleep(600)  # the stuck state under test; the test dumps its stack, then kills it

@@ -92,3 +92,13 @@ def test_onstart_carries_no_secret_and_fits() -> None:
     assert len(script.encode()) < 4000
     assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script
     assert "KEY" not in script.upper().replace("NO_AUTO_TMUX", "")
+
+
+def test_watchdog_poll_comes_from_hosts_yaml() -> None:
+    """``watchdog_poll_s`` reaches the watchdog's command line (2 s when unset)."""
+    from ups.deploy.vast.watchdog import onstart_command
+
+    spec = HostSpec(kind="vast", offer="num_gpus=1", max_price_per_hour=1.0)
+    assert "--poll 2 " in onstart_command(spec, 1.8e9)
+    quick = spec.model_copy(update={"watchdog_poll_s": 0.25})
+    assert "--poll 0.25 " in onstart_command(quick, 1.8e9)

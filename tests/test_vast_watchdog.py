@@ -24,7 +24,7 @@ def _spec(fake: FakeVast, **extra: object) -> HostSpec:
     fields: dict[str, object] = {
         "kind": "vast", "offer": "num_gpus=2", "max_price_per_hour": 1.0,
         "workdir": str(fake.workdir), "ups_bin": str(VENV_BIN / "ups"), "vast_url": fake.url,
-        "watchdog_grace_s": 1,
+        "watchdog_grace_s": 0, "watchdog_poll_s": 0.2,
     }  # fmt: skip
     fields.update(extra)
     return HostSpec.model_validate(fields)
@@ -45,7 +45,7 @@ def test_instance_key_may_only_stop_so_watchdog_stops(fake_vast: FakeVast) -> No
     """With no scoped key, the watchdog's destroy is refused (401) and it stops the instance:
     GPU billing ends, the instance shows STOPPED, and its log says why."""
     sdk = VastAI(api_key=fake_vast.api_key, server_url=fake_vast.url, retry=1, raw=True)
-    onstart = onstart_command(_spec(fake_vast), time.time() + 3)
+    onstart = onstart_command(_spec(fake_vast), time.time() + 1)  # due as it boots
     created = sdk.create_instance(id=102, image="ups", disk=32, label="ups:vast:wd",
                                   onstart_cmd=onstart, ssh=True)  # fmt: skip
     instance_id = created["new_contract"]
@@ -63,7 +63,7 @@ def test_container_key_that_may_destroy_destroys(fake_vast: FakeVast) -> None:
     """Where the instance's own key may destroy, the watchdog destroys: the API lists nothing."""
     fake_vast.switches.container_key_can_destroy = True
     sdk = VastAI(api_key=fake_vast.api_key, server_url=fake_vast.url, retry=1, raw=True)
-    onstart = onstart_command(_spec(fake_vast), time.time() + 3)
+    onstart = onstart_command(_spec(fake_vast), time.time() + 1)  # due as it boots
     sdk.create_instance(id=102, image="ups", disk=32, label="ups:vast:wd2", onstart_cmd=onstart,
                         ssh=True)  # fmt: skip
     assert fake_vast.wait_empty(timeout=120), "the watchdog did not destroy the instance"

@@ -71,6 +71,7 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
             "vast_url",
             "watchdog_key_file",
             "watchdog_grace_s",
+            "watchdog_poll_s",
             "boot_timeout_s",
             "max_recoveries",
             "checkpoint_sync",
@@ -170,6 +171,9 @@ class HostSpec(_Strict):
     """vast: local file with a scoped API key for the watchdog (else the instance's own)."""
     watchdog_grace_s: float = Field(300.0, ge=0)
     """vast: after a run ends, how long the watchdog leaves for a laptop to fetch it."""
+    watchdog_poll_s: float = Field(2.0, gt=0)
+    """vast: how often the watchdog checks its deadline, the runs' exit files and the lease:
+    it acts within this much of ``max_hours`` (a fraction of an hour works: 0.01 = 36 s)."""
     boot_timeout_s: float = Field(900.0, gt=0)
     """vast: from create to SSH answering (image pull, boot, key install) before giving up."""
     max_recoveries: int = Field(3, ge=0)

@@ -45,6 +45,7 @@ def onstart_command(spec: HostSpec, deadline_epoch: float) -> str:
         "--workdir", spec.workdir,
         "--action", action_for(spec.on_exit),
         "--grace", f"{spec.watchdog_grace_s:g}",
+        "--poll", f"{spec.watchdog_poll_s:g}",
     ]  # fmt: skip
     if spec.vast_url:
         args += ["--server-url", spec.vast_url]
@@ -104,7 +105,7 @@ class Watchdog:
                 _log("watchdog could not signal run", run=run.name, error=str(err))
         deadline = time.monotonic() + self.stop_grace_s
         while time.monotonic() < deadline and any(not (r / "exit").exists() for r in live):
-            time.sleep(1.0)  # waiting for the preemption checkpoints, bounded
+            time.sleep(self.poll_s)  # waiting for the preemption checkpoints, bounded
 
     def end_instance(self) -> bool:
         from ups.deploy.vast.client import VastApi
@@ -145,7 +146,7 @@ class Watchdog:
             self.stop_runs()
             hold = time.time() + self.grace_s  # a following laptop fetches in this window
         while time.time() < max(hold, self.lease()):
-            time.sleep(self.poll_s)
+            time.sleep(self.poll_s)  # the fetch window: a laptop may lease it longer
         if self.action == "none":
             _log("watchdog leaves the instance running (on_exit: keep)")
             return 0
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--action", choices=["destroy", "stop", "none"], default="destroy")
     parser.add_argument("--grace", default="300", help="seconds left for a laptop to fetch")
     parser.add_argument("--server-url", default=None)
-    parser.add_argument("--poll", default="2")
+    parser.add_argument("--poll", default="2", help="seconds between checks (watchdog_poll_s)")
     parser.add_argument("--stop-grace", default="120", help="seconds for the run to checkpoint")
     return Watchdog(parser.parse_args(argv)).run()
 
