@@ -46,12 +46,15 @@ HELP = {
     "dest": "local directory (default: runs)",
     "vast-host": "a kind: vast entry (its API settings)",
     "down-run": "only this run's instance (default: every one of this host)",
+    "verbose": "also show libraries' log records (paramiko, urllib3, vastai) on stderr; "
+    "they always go to the JSON log (UPS_VERBOSE=1 does the same)",
 }
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"ups {name}", description=SUMMARY[name])
     p.add_argument("--hosts-file", help=HELP["hosts-file"])
+    p.add_argument("--verbose", action="store_true", help=HELP["verbose"])
     if name in {"instances", "down"}:
         p.add_argument(
             "--host", default="vast" if name == "instances" else None, help=HELP["vast-host"]
@@ -125,7 +128,7 @@ def run(name: str, argv: list[str]) -> int:
     args = _parser(name).parse_args(argv)
     if name == "down" and not args.host:
         _parser(name).error("--host is required (a kind: vast entry of hosts.yaml)")
-    return tasks.guarded(operation(name, args))
+    return tasks.guarded(operation(name, args), verbose=args.verbose)
 
 
 def deploy(argv: list[str]) -> int:
