@@ -46,6 +46,7 @@ HELP = {
     "dest": "local directory (default: runs)",
     "vast-host": "a kind: vast entry (its API settings)",
     "down-run": "only this run's instance (default: every one of this host)",
+    "ledger": "also show the host ledger: machines that failed here and are skipped",
     "verbose": "also show libraries' log records (paramiko, urllib3, vastai) on stderr; "
     "they always go to the JSON log (UPS_VERBOSE=1 does the same)",
 }
@@ -61,6 +62,8 @@ def _parser(name: str) -> argparse.ArgumentParser:
         )
         if name == "down":
             p.add_argument("--run", help=HELP["down-run"])
+        else:
+            p.add_argument("--ledger", action="store_true", help=HELP["ledger"])
         return p
     p.add_argument("--host", help=HELP["host"])
     if name == "deploy":
@@ -115,7 +118,9 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
         "status": lambda: tasks.status(a.host, a.run, hosts_file=a.hosts_file),
         "stop": lambda: tasks.stop(a.host, a.run, hosts_file=a.hosts_file, timeout=a.timeout),
         "fetch": lambda: tasks.fetch(a.host, a.run, hosts_file=a.hosts_file, dest=a.dest),
-        "instances": lambda: tasks.instances(a.host, hosts_file=a.hosts_file),
+        "instances": lambda: tasks.instances(
+            a.host, hosts_file=a.hosts_file, ledger=getattr(a, "ledger", False)
+        ),
         "down": lambda: tasks.down(a.host, a.run, hosts_file=a.hosts_file),
     }
     return calls[name]

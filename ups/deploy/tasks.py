@@ -175,10 +175,12 @@ def fetch(
     return group.fetch(targets, run, Path(dest))
 
 
-def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
+def instances(
+    host: str, *, hosts_file: str | None = None, ledger: bool = False, out: TextIO = sys.stdout
+) -> int:
     from ups.deploy.kinds import vast
 
-    return vast.instances(host, hosts_file, out)
+    return vast.instances(host, hosts_file, out, ledger)
 
 
 def down(
