@@ -418,7 +418,9 @@ class FakeVast:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if str(inst.id) == _environ(entry).get("CONTAINER_ID"):
+                    # The key, not the id: every FakeVast counts ids from 7000001, and other
+                    # tests' fakes on this machine may run an instance with the same id.
+                    if inst.container_key == _environ(entry).get("CONTAINER_API_KEY"):
                         out.append(int(entry.name))
         return out
 
