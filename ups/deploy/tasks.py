@@ -63,7 +63,10 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None, verbose: bool = Fa
     to ``<state dir>/logs/commands.jsonl``; library records reach stderr only with
     ``verbose`` (``--verbose`` or ``UPS_VERBOSE=1``).
     """
-    setup_logging(console=True, stdout=sys.stderr, log_file=command_log())
+    try:
+        setup_logging(console=True, stdout=sys.stderr, log_file=command_log())
+    except OSError:  # an unwritable state dir must not stop a deploy: no JSON log then
+        setup_logging(console=True, stdout=sys.stderr)
     route_library_logs(verbose=verbose or os.environ.get("UPS_VERBOSE", "") not in ("", "0"))
     try:
         return fn()
