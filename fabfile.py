@@ -145,10 +145,14 @@ def fetch(
     _exit("fetch", host=host, run=run, hosts_file=hosts_file, dest=dest)
 
 
-@task(help={"host": HELP["vast-host"], "hosts-file": "hosts file to read"})
+@task(
+    help={"host": HELP["vast-host"], "hosts-file": "hosts file to read", "ledger": HELP["ledger"]}
+)
 @_described("instances")
-def instances(c: Any, host: str = "vast", hosts_file: str | None = None) -> None:
-    _exit("instances", host=host, hosts_file=hosts_file)
+def instances(
+    c: Any, host: str = "vast", hosts_file: str | None = None, ledger: bool = False
+) -> None:
+    _exit("instances", host=host, hosts_file=hosts_file, ledger=ledger)
 
 
 @task(help={**_HOST, "run": HELP["down-run"]})

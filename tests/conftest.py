@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -69,6 +70,16 @@ def _fresh_logging() -> Iterator[None]:
         log._SINKS.close()
         log._SINKS = None
     structlog.reset_defaults()
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.name == log._LIBRARY_HANDLER]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test has its own ups state (host ledger, command log), never the user's."""
+    monkeypatch.setenv("UPS_STATE_DIR", str(tmp_path / "ups-state"))
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
 OFFER_FIELDS = {
     "id", "gpu_name", "num_gpus", "reliability", "dph_total", "min_bid", "inet_down",
     "disk_space", "verified", "external", "rentable", "rented", "geolocation", "cuda_max_good",
+    "machine_id", "host_id",
 }  # fmt: skip
 PULL_ERROR = (
     "Error response from daemon: pull access denied for {image}, repository does not exist "
@@ -61,7 +62,8 @@ def default_offers() -> list[dict[str, Any]]:
     return [
         {**base, "id": i, "gpu_name": g, "num_gpus": n, "reliability": r, "dph_base": p,
          "min_bid": b, "geolocation": geo, "inet_down": 900.0, "disk_space": 200.0,
-         "cuda_max_good": 12.8, "storage_cost": 0.15, "machine_id": i * 10}
+         "cuda_max_good": 12.8, "storage_cost": 0.15, "machine_id": i * 10,
+         "host_id": i * 100}
         for i, g, n, r, p, b, geo in rows
     ]  # fmt: skip
 
@@ -116,7 +118,8 @@ class FakeInstance:
             "start_date": self.start_date, "extra_env": [[k, v] for k, v in self.env.items()],
             "image_uuid": self.image, "gpu_name": self.offer["gpu_name"],
             "num_gpus": self.offer["num_gpus"], "disk_space": self.disk_gb,
-            "machine_id": self.offer["machine_id"], "onstart": self.onstart,
+            "machine_id": self.offer["machine_id"], "host_id": self.offer.get("host_id"),
+            "onstart": self.onstart,
         }  # fmt: skip
 
 
@@ -134,6 +137,29 @@ class Switches:
     container_key_can_destroy: bool = False
 
 
+@dataclass
+class HostFaults:
+    """Faults of particular machines and images, as a bad Vast host shows them (tests set
+    these before the deploy; each is keyed by what the real fault follows)."""
+
+    status_msg: dict[int, str] = field(default_factory=dict)
+    """machine_id -> the status message its instances show instead of ever running (a
+    host-side container error such as the NVML one)."""
+    small_shm: set[int] = field(default_factory=set)
+    """machine_ids whose instances get a 64 MiB /dev/shm (Docker's default): they run and
+    answer SSH, and ups's real shm preflight check fails there."""
+    missing_images: set[str] = field(default_factory=set)
+    """Images no registry has: every host shows ``manifest unknown`` for them."""
+    create_retry_after_create: int = 0
+    """The next N creates make the instance, then answer 504 (a gateway timeout), so the
+    client retries them."""
+    destroy_fails: int = 0
+    """The next N destroys answer 500 and leave the instance as it was."""
+    taken_offers: set[int] = field(default_factory=set)
+    """Offers someone else rents between our search and our create: the create is refused
+    the way Vast refuses it (HTTP 400, ``no_such_ask``)."""
+
+
 class FakeVast:
     """The FAKE Vast control plane plus real instances; use as a context manager."""
 
@@ -145,6 +171,7 @@ class FakeVast:
         self.scoped_keys: set[str] = set()
         self.offers = default_offers()
         self.switches = Switches()
+        self.host_faults = HostFaults()
         self.instances: dict[int, FakeInstance] = {}
         self.destroyed: dict[int, FakeInstance] = {}
         self.vanished: dict[int, FakeInstance] = {}
@@ -219,6 +246,9 @@ class FakeVast:
         offer = next((o for o in self.offers if o["id"] == offer_id), None)
         if offer is None:
             return 404, {"success": False, "error": "no_such_ask", "msg": "offer not found"}
+        if offer_id in self.host_faults.taken_offers:
+            msg = f"Instance type by id {offer_id} is no longer available."
+            return 400, {"success": False, "error": "no_such_ask", "msg": msg}
         _status, found = self.search({"id": {"eq": offer_id}, "allocated_storage": body["disk"]})
         inst = FakeInstance(
             id=next(self._ids), offer=found["offers"][0], image=str(body.get("image")),
@@ -232,6 +262,9 @@ class FakeVast:
             inst.seed = self.disk_seeds.pop(0) if self.disk_seeds else {}
             self.instances[inst.id] = inst
         threading.Thread(target=self._boot, args=(inst,), daemon=True).start()
+        if self.host_faults.create_retry_after_create > 0:
+            self.host_faults.create_retry_after_create -= 1
+            return 504, {"success": False, "error": "gateway_timeout", "msg": "gateway timeout"}
         if self.switches.create_error_after_create:
             return 500, {"success": False, "error": "server_error", "msg": "gateway timeout"}
         return 200, {"success": True, "new_contract": inst.id}
@@ -299,12 +332,30 @@ class FakeVast:
             return
         if self.switches.never_running or inst.id not in self.instances:
             return
+        if self._host_fault(inst):
+            return
         self._start(inst)
         inst.tick()
         inst.actual_status = "running"
         time.sleep(self.switches.key_delay_s)  # Vast installs the account keys after this
         keys = "".join(k.with_suffix(".pub").read_text() for k in self.account_keys)
         (inst.root / "ssh" / "authorized_keys").write_text(keys)
+
+    def _host_fault(self, inst: FakeInstance) -> bool:
+        """Show the instance's image or machine fault instead of running; True when one."""
+        faults = self.host_faults
+        if inst.image in faults.missing_images:
+            inst.status_msg = (
+                f"Error response from daemon: manifest for {inst.image} not found: "
+                "manifest unknown: manifest unknown"
+            )
+            return True
+        msg = faults.status_msg.get(int(inst.offer["machine_id"]))
+        if msg:
+            inst.actual_status = "created"
+            inst.status_msg = msg
+            return True
+        return False
 
     def _start(self, inst: FakeInstance) -> None:
         ssh = inst.root / "ssh"
@@ -335,8 +386,11 @@ class FakeVast:
         # they would run in every SSH command (pyenv's rehash takes a lock file; an instance
         # killed mid-rehash, as vanish() does, left it behind and stalled every later shell).
         rc = shlex.quote(str(Path.home() / ".bashrc"))
+        shm = ""
+        if int(inst.offer["machine_id"]) in self.host_faults.small_shm:
+            shm = "mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 1; "
         init = (
-            f"if [ -f {rc} ]; then mount --bind /dev/null {rc} || exit 1; fi; "
+            shm + f"if [ -f {rc} ]; then mount --bind /dev/null {rc} || exit 1; fi; "
             'mount --bind "$DISK" "$WORKDIR" || exit 1; '
             '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); '
             f"exec {SSHD} -D -e -f {config}"
@@ -365,7 +419,9 @@ class FakeVast:
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError):
-                    if _environ(entry).get("DISK") == str(inst.root / "disk" / "workspace"):
+                    # The key, not the id: every FakeVast counts ids from 7000001, and other
+                    # tests' fakes on this machine may run an instance with the same id.
+                    if inst.container_key == _environ(entry).get("CONTAINER_API_KEY"):
                         out.append(int(entry.name))
         return out
 
@@ -467,6 +523,9 @@ def _handler(fake: FakeVast) -> type[BaseHTTPRequestHandler]:
             if method == "PUT":
                 return 200, fake.set_state(inst, self._body())
             if method == "DELETE":
+                if fake.host_faults.destroy_fails > 0:
+                    fake.host_faults.destroy_fails -= 1
+                    return 500, {"success": False, "error": "server_error", "msg": "try again"}
                 fake.destroy(inst.id)
                 return 200, {"success": True, "msg": "destroying instance"}
             return 404, {"success": False, "error": "not_found", "msg": path}
@@ -539,6 +598,7 @@ def write_vast_hosts(fake: FakeVast, path: Path, **overrides: Any) -> Path:
 def fab_env(fake: FakeVast, home: Path, **extra: str) -> dict[str, str]:
     """The environment `fab` runs in: the fake's account key, a HOME with no key files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VAST_", "UPS_", "WANDB_"))}
-    env.update({"VAST_API_KEY": fake.api_key, "HOME": str(home), "XDG_CONFIG_HOME": str(home)})
+    env.update({"VAST_API_KEY": fake.api_key, "HOME": str(home), "XDG_CONFIG_HOME": str(home),
+                "XDG_STATE_HOME": str(home / ".local" / "state")})  # fmt: skip
     env.update(extra)
     return env

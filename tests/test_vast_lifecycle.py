@@ -92,8 +92,13 @@ def test_happy_path_provision_train_fetch_destroy(
     ("switch", "entry", "code", "message"),
     [
         ("create_error_after_create", {}, 5, "failed to create an instance"),
-        ("never_running", {"boot_timeout_s": 6}, 7, "did not reach running within 6 s"),
-        ("ssh_never", {"boot_timeout_s": 10}, 7, "never answered SSH"),
+        (
+            "never_running",
+            {"boot_timeout_s": 6, "max_offers": 1},
+            7,
+            "never reached running in 6 s",
+        ),
+        ("ssh_never", {"boot_timeout_s": 10, "max_offers": 1}, 7, "SSH never answered within 10 s"),
         ("preflight", {}, 4, "preflight failed on 'vast'"),
     ],
 )
@@ -106,8 +111,9 @@ def test_failure_paths_leave_nothing_billing(
     message: str,
 ) -> None:
     """A create that errored but made an instance (found by label), an instance that never
-    runs, SSH that never answers, a failing preflight: each exits with its code and message
-    and the FAKE lists no instance afterwards."""
+    runs, SSH that never answers (host faults: with max_offers 1 no other offer is tried),
+    a preflight failing on the data (the user's): each exits with its code and message and
+    the FAKE lists no instance afterwards."""
     if switch == "ssh_never":
         fake_vast.switches.key_delay_s = 3600  # the account key never arrives
     elif switch != "preflight":

@@ -56,6 +56,8 @@ SSH_CONNECT = Policy("ssh_connect", first=1.0, factor=2.0, max_s=30.0)
 """A connect that failed for network reasons (an sshd still starting)."""
 VAST_API = Policy("vast_api", first=0.5, factor=2.0, max_s=15.0)
 """Vast's 429/5xx without a Retry-After header."""
+VAST_DESTROY = Policy("vast_destroy", first=1.0, factor=2.0, max_s=10.0)
+"""Destroying an instance again after a server error, and showing it until it is gone."""
 VAST_RUNNING = Policy("vast_running", first=1.0, factor=1.5, max_s=10.0)
 """Polling a new instance until it runs; the growth keeps within the API's rate limit."""
 VAST_SSH = Policy("vast_ssh", first=1.0, factor=2.0, max_s=8.0)
@@ -66,5 +68,14 @@ LAUNCH_RESTART = Policy("launch_restart", first=10.0, factor=2.0, max_s=300.0)
 """Relaunching torchrun in place after a retryable failure (``first`` comes from the plan)."""
 
 POLICIES = {
-    p.name: p for p in (SSH_CONNECT, VAST_API, VAST_RUNNING, VAST_SSH, LOG_STREAM, LAUNCH_RESTART)
+    p.name: p
+    for p in (
+        SSH_CONNECT,
+        VAST_API,
+        VAST_DESTROY,
+        VAST_RUNNING,
+        VAST_SSH,
+        LOG_STREAM,
+        LAUNCH_RESTART,
+    )
 }

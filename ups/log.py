@@ -21,7 +21,7 @@ import structlog
 from ups import jsonio
 from ups.console import ConsoleView, render_line
 
-__all__ = ["dumps", "get_logger", "render_line", "setup_logging"]
+__all__ = ["dumps", "get_logger", "render_line", "route_library_logs", "setup_logging"]
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "exception": 40}
 
@@ -126,6 +126,7 @@ def setup_logging(
     console: bool | None = None,
     live: bool | None = None,
     stdout: TextIO | None = None,
+    log_file: Path | None = None,
 ) -> Path | None:
     """Configure structlog for this process and return the rank's log file path, if any.
 
@@ -134,7 +135,8 @@ def setup_logging(
     lines (``--log-format json``), ``None`` keeps the choice an earlier setup made for
     the process's own stdout (the trainer sets up again once its run directory exists),
     else renders on a terminal only. Under ``ups launch`` a worker's stdout is torchrun's
-    pipe, so workers write JSON and the launcher renders.
+    pipe, so workers write JSON and the launcher renders. ``log_file`` appends the JSON
+    lines there instead of the rank's file in ``log_dir`` (a command on the laptop).
     """
     global _SINKS
     if _SINKS is not None:
@@ -142,14 +144,14 @@ def setup_logging(
             console, live = _SINKS.console, _SINKS.live
         _SINKS.close()
     chosen = console is not None and stdout is None
-    log_file: IO[str] | None = None
+    sink_file: IO[str] | None = None
     path = None
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / f"rank{rank}.jsonl"
-        log_file = path.open("a", buffering=1, encoding="utf-8")
+    if log_file is not None or log_dir is not None:
+        path = log_file or Path(str(log_dir)) / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sink_file = path.open("a", buffering=1, encoding="utf-8")
     sinks = _Sinks(
-        log_file,
+        sink_file,
         stdout,
         min_stdout=logging.INFO if rank == 0 else logging.WARNING,
         console=(stdout or sys.stdout).isatty() if console is None else console,
@@ -175,6 +177,81 @@ def setup_logging(
         context["run_id"] = run_id
     structlog.contextvars.bind_contextvars(**context)
     return path
+
+
+LIBRARY_EVENT = "library_log"
+"""The event name of a record from a library's Python ``logging`` (its text in ``message``)."""
+_LIBRARY_HANDLER = "ups_library_logs"
+
+
+def _as_library_event(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    """A library's message is a sentence, not an event name: keep it in ``message``."""
+    event_dict["message"] = str(event_dict.get("event", ""))
+    event_dict["event"] = LIBRARY_EVENT
+    return event_dict
+
+
+class _SinkHandler(logging.Handler):
+    """Writes each formatted record as one line to the current log file, if there is one."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sinks = _SINKS
+        if sinks is None or sinks.file is None:
+            return
+        try:
+            sinks.file.write(self.format(record) + "\n")
+            sinks.file.flush()
+        except OSError:
+            self.handleError(record)
+
+
+def route_library_logs(*, verbose: bool = False) -> None:
+    """Route Python ``logging`` (paramiko, urllib3, vastai, botocore...) into ups's log.
+
+    Without a handler on the root logger Python prints a library's warnings and errors
+    (paramiko's, with a traceback, while an SSH port accepts and never speaks) raw on
+    stderr. Here every record from WARNING up (INFO with ``verbose``) goes through
+    structlog's processors (:class:`structlog.stdlib.ProcessorFormatter`) into the JSON
+    log file of :func:`setup_logging` as a ``library_log`` event with its traceback; a
+    person sees them on stderr only with ``verbose``. Calling it again replaces its
+    handlers.
+    """
+    pre_chain: list[Any] = [
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _as_library_event,
+    ]
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "name", None) == _LIBRARY_HANDLER]:
+        root.removeHandler(old)
+    to_file = _SinkHandler()
+    to_file.set_name(_LIBRARY_HANDLER)
+    to_file.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(serializer=lambda obj, **_: dumps(obj)),
+            ],
+            foreign_pre_chain=pre_chain,
+        )
+    )
+    root.addHandler(to_file)
+    if verbose:
+        to_console = logging.StreamHandler(sys.stderr)
+        to_console.set_name(_LIBRARY_HANDLER)
+        to_console.setFormatter(
+            structlog.stdlib.ProcessorFormatter(
+                processors=[
+                    structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.dev.ConsoleRenderer(colors=False),
+                ],
+                foreign_pre_chain=pre_chain,
+            )
+        )
+        root.addHandler(to_console)
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 def get_logger(name: str | None = None) -> Any:

@@ -103,3 +103,39 @@ def table_markdown() -> str:
         codes = ", ".join(map(str, r.exit_codes)) or "see outcome.json"
         lines.append(f"| `{r.cause}` | {'yes' if r.retryable else 'no'} | {codes} | {r.meaning} |")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRetry:
+    """Which failed calls to a cloud API (Vast) are tried again, by kind of call."""
+
+    call: str
+    statuses: frozenset[int]
+    """HTTP statuses worth another try; connection errors and timeouts always are."""
+    meaning: str
+
+
+API_RETRY: dict[str, ApiRetry] = {
+    r.call: r
+    for r in (
+        ApiRetry(
+            "default",
+            frozenset({429, 502, 503, 504}),
+            "rate limited, or a gateway between us and the API failed: the call may not "
+            "have reached the API, so it is sent again (a create is reconciled by label)",
+        ),
+        ApiRetry(
+            "destroy",
+            frozenset({429, 500, 502, 503, 504}),
+            "destroying an instance twice is harmless, and leaving it billing is not: a 500 "
+            "is tried again too, and the instance is shown afterwards to verify it is gone",
+        ),
+    )
+}
+
+
+def api_retryable(call: str, status: int | None) -> bool:
+    """Whether an API call of kind ``call`` that failed with HTTP ``status`` (None: no
+    answer, a connection error or timeout) is tried again."""
+    rule = API_RETRY.get(call, API_RETRY["default"])
+    return status is None or status in rule.statuses

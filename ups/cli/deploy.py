@@ -46,18 +46,24 @@ HELP = {
     "dest": "local directory (default: runs)",
     "vast-host": "a kind: vast entry (its API settings)",
     "down-run": "only this run's instance (default: every one of this host)",
+    "ledger": "also show the host ledger: machines that failed here and are skipped",
+    "verbose": "also show libraries' log records (paramiko, urllib3, vastai) on stderr; "
+    "they always go to the JSON log (UPS_VERBOSE=1 does the same)",
 }
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"ups {name}", description=SUMMARY[name])
     p.add_argument("--hosts-file", help=HELP["hosts-file"])
+    p.add_argument("--verbose", action="store_true", help=HELP["verbose"])
     if name in {"instances", "down"}:
         p.add_argument(
             "--host", default="vast" if name == "instances" else None, help=HELP["vast-host"]
         )
         if name == "down":
             p.add_argument("--run", help=HELP["down-run"])
+        else:
+            p.add_argument("--ledger", action="store_true", help=HELP["ledger"])
         return p
     p.add_argument("--host", help=HELP["host"])
     if name == "deploy":
@@ -112,7 +118,9 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
         "status": lambda: tasks.status(a.host, a.run, hosts_file=a.hosts_file),
         "stop": lambda: tasks.stop(a.host, a.run, hosts_file=a.hosts_file, timeout=a.timeout),
         "fetch": lambda: tasks.fetch(a.host, a.run, hosts_file=a.hosts_file, dest=a.dest),
-        "instances": lambda: tasks.instances(a.host, hosts_file=a.hosts_file),
+        "instances": lambda: tasks.instances(
+            a.host, hosts_file=a.hosts_file, ledger=getattr(a, "ledger", False)
+        ),
         "down": lambda: tasks.down(a.host, a.run, hosts_file=a.hosts_file),
     }
     return calls[name]
@@ -125,7 +133,7 @@ def run(name: str, argv: list[str]) -> int:
     args = _parser(name).parse_args(argv)
     if name == "down" and not args.host:
         _parser(name).error("--host is required (a kind: vast entry of hosts.yaml)")
-    return tasks.guarded(operation(name, args))
+    return tasks.guarded(operation(name, args), verbose=args.verbose)
 
 
 def deploy(argv: list[str]) -> int:

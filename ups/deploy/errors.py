@@ -38,3 +38,8 @@ class PreflightFailed(DeployError):
     """Remote preflight reported the host unfit; the report is in the message."""
 
     exit_code = EXIT_PREFLIGHT
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message)
+        self.report = report
+        """The report as preflight printed it (its table names each check's status)."""

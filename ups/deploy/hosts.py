@@ -74,6 +74,8 @@ KIND_FIELDS: dict[str, frozenset[str]] = {
             "watchdog_poll_s",
             "boot_timeout_s",
             "max_recoveries",
+            "max_offers",
+            "ledger_ttl_h",
             "checkpoint_sync",
             "sync_every_s",
             "monitor_s",
@@ -179,6 +181,11 @@ class HostSpec(_Strict):
     max_recoveries: int = Field(3, ge=0)
     """vast: new instances (or in-place relaunches) after an outbid, a vanished host or a
     retryable crash, before giving up with exit 8."""
+    max_offers: int = Field(3, ge=1)
+    """vast: offers tried per deploy or recovery when machines fail (a host fault: never
+    running, a driver or pull error, SSH silent, preflight failing there), then exit 7."""
+    ledger_ttl_h: float = Field(72.0, ge=0)
+    """vast: machines that failed here within this many hours are left out of the search."""
     checkpoint_sync: str = "local"
     """vast: where checkpoints are copied as they are written: ``local`` (this machine's
     run directory, over SSH). ``s3://`` buckets are not supported yet."""

@@ -85,9 +85,11 @@ def remote_preflight(target: Target, conn: Connection, command: str) -> None:
     """Run preflight on the host and show its report; raise with the report on failure."""
     spec = target.spec
     result = run(conn, rc.in_dir(spec.workdir, command), spec)
-    show_report(target, result.stdout + result.stderr)
+    report = result.stdout + result.stderr
+    show_report(target, report)
     if result.exited != 0:
         raise PreflightFailed(
             f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was started. "
-            "Fix the failing checks above (each names its fix) and deploy again."
+            "Fix the failing checks above (each names its fix) and deploy again.",
+            report,
         )

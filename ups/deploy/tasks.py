@@ -7,6 +7,7 @@ on every host of the job.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,13 @@ from ups.deploy.hosts import get_hosts
 from ups.deploy.request import DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
-from ups.log import setup_logging
+from ups.log import route_library_logs, setup_logging
+from ups.statedir import state_dir
+
+
+def command_log() -> Path:
+    """The JSON log of deploy commands run here (events and library records)."""
+    return state_dir() / "logs" / "commands.jsonl"
 
 
 def _targets(
@@ -49,9 +56,18 @@ def _need_host(host: str | None) -> str:
     return host
 
 
-def guarded(fn: Callable[[], int], err: TextIO | None = None) -> int:
-    """Run ``fn``; a DeployError becomes its one-paragraph message and its exit code."""
-    setup_logging(console=True, stdout=sys.stderr)
+def guarded(fn: Callable[[], int], err: TextIO | None = None, verbose: bool = False) -> int:
+    """Run ``fn``; a DeployError becomes its one-paragraph message and its exit code.
+
+    Every event, and every library's log record (paramiko, urllib3, vastai), is appended
+    to ``<state dir>/logs/commands.jsonl``; library records reach stderr only with
+    ``verbose`` (``--verbose`` or ``UPS_VERBOSE=1``).
+    """
+    try:
+        setup_logging(console=True, stdout=sys.stderr, log_file=command_log())
+    except OSError:  # an unwritable state dir must not stop a deploy: no JSON log then
+        setup_logging(console=True, stdout=sys.stderr)
+    route_library_logs(verbose=verbose or os.environ.get("UPS_VERBOSE", "") not in ("", "0"))
     try:
         return fn()
     except DeployError as exc:
@@ -162,10 +178,12 @@ def fetch(
     return group.fetch(targets, run, Path(dest))
 
 
-def instances(host: str, *, hosts_file: str | None = None, out: TextIO = sys.stdout) -> int:
+def instances(
+    host: str, *, hosts_file: str | None = None, ledger: bool = False, out: TextIO = sys.stdout
+) -> int:
     from ups.deploy.kinds import vast
 
-    return vast.instances(host, hosts_file, out)
+    return vast.instances(host, hosts_file, out, ledger)
 
 
 def down(

@@ -69,10 +69,10 @@ def entry(host: str, hosts_file: str | None) -> HostSpec:
     return spec
 
 
-def instances(host: str, hosts_file: str | None, out: TextIO) -> int:
+def instances(host: str, hosts_file: str | None, out: TextIO, ledger: bool = False) -> int:
     from ups.deploy.vast import ops
 
-    return ops.instances(entry(host, hosts_file), out)
+    return ops.instances(entry(host, hosts_file), out, ledger)
 
 
 def down(host: str, run: str | None, hosts_file: str | None, out: TextIO) -> int:

@@ -10,6 +10,7 @@ error becomes one :class:`VastApiError` paragraph.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -21,12 +22,12 @@ from tenacity import (
     stop_after_delay,
 )
 
-from ups.backoff import VAST_API
-from ups.deploy.vast.errors import VastApiError
+from ups.backoff import VAST_API, VAST_DESTROY, Policy
+from ups.deploy.vast.errors import OfferTaken, VastApiError
+from ups.retry import api_retryable
 
 T = TypeVar("T")
 
-RETRYABLE_STATUS = {429, 502, 503, 504}
 KEY_LOCATIONS = "VAST_API_KEY, ~/.config/vastai/vast_api_key or ~/.vast_api_key"
 
 
@@ -36,21 +37,34 @@ def _status(err: BaseException) -> int | None:
     return None
 
 
-def _retryable(err: BaseException) -> bool:
-    return _status(err) in RETRYABLE_STATUS or isinstance(
-        err, requests.ConnectionError | requests.Timeout
-    )
+TAKEN = re.compile(r"no_such_ask|no longer available|is not available|already rented", re.I)
+"""What the API says when an offer was rented by someone else between search and create."""
 
 
-def _wait_hint(state: RetryCallState) -> float:
-    """Honour Retry-After when the server sends one; else exponential backoff."""
-    outcome = state.outcome
-    err = outcome.exception() if outcome is not None else None
-    if isinstance(err, requests.HTTPError) and err.response is not None:
-        after = err.response.headers.get("Retry-After")
-        if after and after.replace(".", "", 1).isdigit():
-            return min(float(after), 60.0)
-    return float(VAST_API.wait()(state))
+def _retryable(kind: str) -> Callable[[BaseException], bool]:
+    """The ``ups.retry.API_RETRY`` rule for calls of ``kind``."""
+
+    def check(err: BaseException) -> bool:
+        if isinstance(err, requests.ConnectionError | requests.Timeout):
+            return api_retryable(kind, None)
+        return isinstance(err, requests.HTTPError) and api_retryable(kind, _status(err))
+
+    return check
+
+
+def _wait_hint(policy: Policy) -> Callable[[RetryCallState], float]:
+    """Honour Retry-After when the server sends one; else ``policy``'s backoff."""
+
+    def wait(state: RetryCallState) -> float:
+        outcome = state.outcome
+        err = outcome.exception() if outcome is not None else None
+        if isinstance(err, requests.HTTPError) and err.response is not None:
+            after = err.response.headers.get("Retry-After")
+            if after and after.replace(".", "", 1).isdigit():
+                return min(float(after), 60.0)
+        return float(policy.wait()(state))
+
+    return wait
 
 
 def api_message(err: requests.HTTPError) -> str:
@@ -85,11 +99,12 @@ class VastApi:
                 f"{KEY_LOCATIONS}). ups never takes the key on its command line."
             ) from None
 
-    def call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one SDK call; retry rate limits and transient errors, explain the rest."""
+    def call(self, what: str, fn: Callable[[], T], kind: str = "default") -> T:
+        """Run one SDK call; retry what ``ups.retry.API_RETRY`` says for ``kind``, explain
+        the rest."""
         retrying = Retrying(
-            retry=retry_if_exception(_retryable),
-            wait=_wait_hint,
+            retry=retry_if_exception(_retryable(kind)),
+            wait=_wait_hint(VAST_DESTROY if kind == "destroy" else VAST_API),
             stop=stop_after_delay(self.retry_s),
             reraise=True,
         )
@@ -110,6 +125,13 @@ class VastApi:
     def _explain(self, what: str, err: requests.HTTPError) -> VastApiError:
         status = _status(err)
         detail = api_message(err)
+        if what.startswith("create") and TAKEN.search(detail):
+            return OfferTaken(
+                f"the offer was taken before ups could rent it (HTTP {status} when trying to "
+                f"{what}): {detail}. Someone else rented it between the search and the create; "
+                "ups moves on to the next matching offer.",
+                status,
+            )
         if status in (401, 403):
             text = (
                 f"the Vast API rejected the API key (HTTP {status}) when trying to {what}: "
@@ -122,6 +144,13 @@ class VastApi:
                 f"the Vast API kept rate-limiting us (HTTP 429) for {self.retry_s:.0f} s while "
                 f"trying to {what}: {detail}. Wait a minute and run the command again (or raise "
                 "UPS_VAST_RETRY_S)."
+            )
+        elif status is not None and status >= 500:
+            text = (
+                f"the Vast API failed to {what} (HTTP {status}, a server error): "
+                f"{detail}. This is Vast's side, not your request: wait a few minutes (see "
+                "https://status.vast.ai) and run the command again; `fab instances` shows "
+                "whether anything was left running."
             )
         elif status == 400:
             text = (
@@ -180,7 +209,9 @@ class VastApi:
 
     def destroy(self, instance_id: int) -> None:
         self.call(
-            f"destroy instance {instance_id}", lambda: self.sdk.destroy_instance(id=instance_id)
+            f"destroy instance {instance_id}",
+            lambda: self.sdk.destroy_instance(id=instance_id),
+            kind="destroy",
         )
 
     def label(self, instance_id: int, label: str) -> None:

@@ -9,7 +9,8 @@ EXIT_VAST_API = 5
 EXIT_NO_OFFER = 6
 """No offer matched the query under the price cap; nothing was created."""
 EXIT_INSTANCE = 7
-"""The instance never became usable (image pull, never running, SSH never answering)."""
+"""The instance never became usable (image pull, never running, SSH never answering); for
+bad hosts, after ``max_offers`` machines failed, each named with its failure."""
 EXIT_RECOVERIES = 8
 """The run lost its instance more than ``max_recoveries`` times, or ``max_hours`` ran out
 across instances; every instance was ended, the checkpoints are in the local run dir."""
@@ -26,6 +27,14 @@ class VastApiError(DeployError):
 
 
 class NoOffer(DeployError):
+    exit_code = EXIT_NO_OFFER
+
+
+class OfferTaken(VastApiError):
+    """The offer was rented by someone else between search and create: take the next one.
+
+    Only when every offer tried was taken does it end the deploy, with exit 6 (no offer)."""
+
     exit_code = EXIT_NO_OFFER
 
 

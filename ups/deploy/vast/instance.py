@@ -15,6 +15,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from ups.deploy.vast.faults import classify_status
+
 LABEL_PREFIX = "ups:"
 
 ERROR_WORDS = ("error", "denied", "manifest unknown", "not found", "failed", "unauthorized")
@@ -101,5 +103,6 @@ def state_of(inst: Instance | None) -> State:
 
 
 def looks_failed(status_msg: str) -> bool:
+    """A status message the fault table knows as fatal, or one with an error word in it."""
     text = status_msg.lower()
-    return any(word in text for word in ERROR_WORDS)
+    return classify_status(status_msg) is not None or any(word in text for word in ERROR_WORDS)

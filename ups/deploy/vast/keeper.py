@@ -25,13 +25,14 @@ from pathlib import Path
 from ups.deploy import operate
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
-from ups.deploy.errors import DeployError
+from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
 from ups.deploy.runs import read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
 from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
+from ups.deploy.vast.faults import HostFault, Side, failed_checks, preflight_side
 from ups.deploy.vast.instance import State
 from ups.deploy.vast.monitor import (
     RECOVERY_EVENT,
@@ -44,6 +45,7 @@ from ups.deploy.vast.monitor import (
 )
 from ups.deploy.vast.rental import Lifecycle, signals_interrupt
 from ups.deploy.vast.sync import CheckpointSync, Synced, newest_good
+from ups.deploy.vast.tries import rent
 from ups.retry import retry_verdict
 
 __all__ = ["RECOVERY_EVENT", "Keeper", "run"]
@@ -80,12 +82,16 @@ class Keeper:
     def run(self) -> int:
         self.continue_local()
         while True:
-            leg = Leg(self.lc.create(), self.lc.plan.price)
-            self.legs.append(leg)
             try:
-                return self.on_instance(leg)
+                return rent(self.lc, lambda instance_id: self.on_instance(self.leg(instance_id)))
             except InstanceLost as lost:
-                self.recover(leg, lost.reason)
+                self.recover(self.legs[-1], lost.reason)
+
+    def leg(self, instance_id: int) -> Leg:
+        """Count a new instance of this run (for the summary's cost and recoveries)."""
+        leg = Leg(instance_id, self.lc.plan.price)
+        self.legs.append(leg)
+        return leg
 
     def on_instance(self, leg: Leg) -> int:
         """Boot, resume and follow on one instance; a loss raises :class:`InstanceLost`."""
@@ -134,6 +140,8 @@ class Keeper:
                     replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
                 )
                 operate.launch(target, conn, plan)
+            except PreflightFailed as err:
+                raise host_or_user(err) from None
             finally:
                 conn.close()
             self._mark("started")
@@ -372,6 +380,15 @@ def run(
     return code
 
 
+def host_or_user(err: PreflightFailed) -> DeployError:
+    """A preflight failure of the machine's own checks is a host fault (next offer); one
+    of the config, data or image is the user's (it stops the deploy)."""
+    if preflight_side(err.report) is Side.HOST:
+        checks = ", ".join(failed_checks(err.report))
+        return HostFault(str(err), f"preflight failed there ({checks})")
+    return err
+
+
 def _end_all(lifecycle: Lifecycle, keeper: Keeper, reason: str) -> list[str]:
     keeper.log.close()
     problems = lifecycle.teardown(reason)
@@ -384,17 +401,24 @@ def _detached(
     lifecycle: Lifecycle, keeper: Keeper, env: dict[str, str], mirror: Path | None
 ) -> int:
     """``--detach``: start the run and leave the instance to its watchdog."""
+
+    def start(instance_id: int) -> tuple[Leg, int]:
+        leg = keeper.leg(instance_id)
+        target = keeper.boot(leg)
+        try:
+            code = operate.deploy(
+                target,
+                keeper.plan_on(target),
+                env=env,
+                replan=lambda run_id: lifecycle.plan.replan(target.spec, run_id),
+                mirror=mirror,
+            )
+        except PreflightFailed as err:
+            raise host_or_user(err) from None
+        return leg, code
+
+    leg, code = rent(lifecycle, start)
     plan = lifecycle.plan
-    leg = Leg(lifecycle.create(), plan.price)
-    keeper.legs.append(leg)
-    target = keeper.boot(leg)
-    code = operate.deploy(
-        target,
-        keeper.plan_on(target),
-        env=env,
-        replan=lambda run_id: plan.replan(target.spec, run_id),
-        mirror=mirror,
-    )
     lifecycle.created.clear()  # detached: the watchdog owns the instance now
     keeper.legs.clear()
     lifecycle.say(

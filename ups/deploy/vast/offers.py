@@ -17,6 +17,9 @@ class Offer:
     gpu_name: str
     num_gpus: int
     geolocation: str
+    machine_id: int | None = None
+    """The physical machine; several offers can share one, and its faults follow it."""
+    host_id: int | None = None
 
     @classmethod
     def from_api(cls, row: dict[str, Any]) -> Offer:
@@ -27,6 +30,8 @@ class Offer:
             gpu_name=str(row.get("gpu_name") or "?"),
             num_gpus=int(row.get("num_gpus") or 0),
             geolocation=str(row.get("geolocation") or "?"),
+            machine_id=_int_or_none(row.get("machine_id")),
+            host_id=_int_or_none(row.get("host_id")),
         )
 
     def price(self, interruptible: bool | float) -> float:
@@ -36,6 +41,15 @@ class Offer:
 
     def describe(self) -> str:
         return f"offer {self.id}: {self.num_gpus}x {self.gpu_name} in {self.geolocation}"
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def without_machines(rows: list[dict[str, Any]], machines: set[int]) -> list[dict[str, Any]]:
+    """The search rows whose machine is not in ``machines`` (the ledger's, the tried ones)."""
+    return [row for row in rows if _int_or_none(row.get("machine_id")) not in machines]
 
 
 def bid_price(offer: Offer, interruptible: bool | float) -> float | None:

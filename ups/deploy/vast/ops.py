@@ -12,6 +12,7 @@ from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
 from ups.deploy.vast.keeper import run
+from ups.deploy.vast.ledger import Ledger, render
 from ups.deploy.vast.rental import Lifecycle, describe_timings
 from ups.deploy.vast.rental_plan import build_vast_plan, container_spec
 
@@ -74,7 +75,11 @@ def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
     return [i for i in found if i.run and (host is None or i.run[0] == host)]
 
 
-def instances(spec: HostSpec, out: TextIO) -> int:
+def instances(spec: HostSpec, out: TextIO, ledger: bool = False) -> int:
+    """The ups instances on the account; with ``ledger`` also the machines that failed."""
+    if ledger:
+        book = Ledger()
+        out.write(f"host ledger: {book.path}\n{render(book.read(), spec.ledger_ttl_h)}\n\n")
     api = VastApi(spec.vast_url)
     rows = ups_instances(api)
     if not rows:

@@ -18,7 +18,7 @@ from typing import Any
 
 import paramiko
 
-from ups.backoff import VAST_RUNNING, VAST_SSH
+from ups.backoff import VAST_DESTROY, VAST_RUNNING, VAST_SSH
 from ups.deploy import remote as rc
 from ups.deploy.connect import connect
 from ups.deploy.errors import DeployError, HostKeyChanged
@@ -27,11 +27,14 @@ from ups.deploy.hostkeys import known_hosts_name, load_into, save_host_keys
 from ups.deploy.session import Target, write_private
 from ups.deploy.session import run as run_remote
 from ups.deploy.vast.client import VastApi
-from ups.deploy.vast.errors import InstanceFailed, VastApiError
+from ups.deploy.vast.errors import VastApiError
+from ups.deploy.vast.faults import HostFault, Side, UserFault, classify_status
 from ups.deploy.vast.instance import Instance, State
 from ups.deploy.vast.rental_plan import VastPlan, container_spec
 from ups.deploy.vast.watchdog import KEY_FILE, LEASE_FILE, watch_path
 
+DESTROY_VERIFY_S = 60.0
+"""How long a destroyed instance may still be listed before ups says it may be billing."""
 FETCH_LEASE_S = 1800.0
 """How long a fetch may hold the watchdog back (it waits for the lease, then acts)."""
 
@@ -82,38 +85,63 @@ class Lifecycle:
 
     # -- phases -------------------------------------------------------------------------
     def create(self) -> int:
+        """Create an instance from the plan's offer; then end any duplicate the API made.
+
+        A create is not idempotent: one that timed out at a gateway may have made an
+        instance, and its retry a second. After every create, failed or not, the run's
+        label is listed and every instance carrying it that ups does not use is destroyed.
+        """
         plan = self.plan
         self.say(f"creating instance from {plan.offer.describe()} at ${plan.price:.3f}/h")
         try:
             result = self.api.create(plan.offer.id, **plan.create_fields())
         except VastApiError:
-            self.reconcile()  # a create that errored may still have made an instance
+            self.reconcile(None)  # a create that errored may still have made an instance
             raise
         instance_id = result.get("new_contract") if isinstance(result, dict) else None
         if not instance_id:
-            self.reconcile()
+            self.reconcile(None)
             raise VastApiError(
                 f"creating an instance from offer {plan.offer.id} failed: {result}. The offer "
                 "may have just been taken; run the deploy again to pick another."
             )
         self.created.append(int(instance_id))
         self.say(f"created instance {instance_id} ({plan.label})")
+        self.reconcile(int(instance_id))
         self.mark("create")
         return int(instance_id)
 
-    def reconcile(self) -> list[int]:
-        """Adopt every instance labelled for this run, so teardown ends them too."""
+    def reconcile(self, using: int | None) -> list[int]:
+        """Destroy every instance labelled for this run that ups did not mean to have.
+
+        ``using`` is the instance just created (None after a failed create); instances
+        this deploy made on purpose earlier (a lost one kept per on_exit) are left to
+        :meth:`teardown`. Returns the ids destroyed.
+        """
         try:
             rows = self.api.list()
         except VastApiError as err:
-            self.say(f"warning: could not list instances to look for a half-made one: {err}")
+            self.say(f"warning: could not list instances to look for a duplicate: {err}")
             return []
-        found = [int(r["id"]) for r in rows if r.get("label") == self.plan.label]
-        for instance_id in found:
-            if instance_id not in self.created:
-                self.say(f"found instance {instance_id} made by the failed create; will end it")
-                self.created.append(instance_id)
-        return found
+        extra = [
+            int(r["id"])
+            for r in rows
+            if r.get("label") == self.plan.label
+            and int(r["id"]) != using
+            and int(r["id"]) not in self.created
+        ]
+        for instance_id in extra:
+            why = "a retried create" if using is not None else "the failed create"
+            self.say(
+                f"found instance {instance_id} with this run's label, made by {why} and not "
+                f"used: destroying it"
+            )
+            self.created.append(instance_id)  # teardown retries it if this destroy fails
+            try:
+                self.destroy(instance_id, f"duplicate from {why}")
+            except DeployError as err:
+                self.say(f"warning: could not destroy duplicate instance {instance_id} yet: {err}")
+        return extra
 
     def wait_running(self, instance_id: int, deadline: float) -> Instance:
         """Poll until RUNNING; FAILED (image pull...), GONE or the deadline raise."""
@@ -130,17 +158,31 @@ class Lifecycle:
             # OUTBID while booting is a bid not (yet) scheduled: keep waiting to the deadline.
             if state in (State.FAILED, State.GONE, State.STOPPED):
                 msg = last.status_msg if last else "the API no longer lists it"
-                raise InstanceFailed(
-                    f"instance {instance_id} will not run ({state.value}): {msg or 'no message'}. "
-                    "If the image cannot be pulled, check 'image' in hosts.yaml (public, or "
-                    "pushed where Vast can pull it); otherwise deploy again for another offer."
-                )
+                raise self._will_not_run(instance_id, state, msg or "no message")
             time.sleep(next(delays))  # polling the API; backoff keeps within its rate limit
         status = f"{last.actual_status}, {last.status_msg or 'no message'}" if last else "unknown"
-        raise InstanceFailed(
+        raise HostFault(
             f"instance {instance_id} did not reach running within "
             f"{self.plan.spec.boot_timeout_s:.0f} s (last status: {status}). Raise "
-            "boot_timeout_s in hosts.yaml for big images, or deploy again for another offer."
+            "boot_timeout_s in hosts.yaml for big images, or deploy again for another offer.",
+            f"never reached running in {self.plan.spec.boot_timeout_s:.0f} s ({status})",
+        )
+
+    def _will_not_run(self, instance_id: int, state: State, msg: str) -> HostFault | UserFault:
+        """The instance's status says it never will run: whose fault, per the table."""
+        rule = classify_status(msg)
+        if rule is not None and rule.side is Side.USER:
+            return UserFault(
+                f"instance {instance_id} will not run ({state.value}): {msg}. That is "
+                f"{rule.meaning}, which every host would repeat, so no other offer is tried. "
+                f"Check 'image' in hosts.yaml ({self.plan.spec.image}): it must exist and be "
+                "public, or pushed where Vast can pull it with a login."
+            )
+        meaning = rule.meaning if rule is not None else f"the instance is {state.value}"
+        return HostFault(
+            f"instance {instance_id} will not run ({state.value}): {msg}. That is {meaning}: "
+            "a fault of this machine, not of the run.",
+            f"{meaning}: {msg}",
         )
 
     def wait_ssh(self, inst: Instance, deadline: float) -> Target:
@@ -164,10 +206,11 @@ class Lifecycle:
             self.mark("ssh")
             self.say(f"ssh ready on {inst.ssh_host}:{inst.ssh_port}, host key recorded")
             return Target(spec=spec, known_hosts=self.known_hosts, out=self.out)
-        raise InstanceFailed(
+        raise HostFault(
             f"instance {inst.id} never answered SSH at {inst.ssh_host}:{inst.ssh_port} within "
             f"{self.plan.spec.boot_timeout_s:.0f} s: {last}. Check that your SSH public key is "
-            "on your Vast account (https://cloud.vast.ai/manage-keys/) and 'key' in hosts.yaml."
+            "on your Vast account (https://cloud.vast.ai/manage-keys/) and 'key' in hosts.yaml.",
+            f"SSH never answered within {self.plan.spec.boot_timeout_s:.0f} s",
         )
 
     def prepare(self, target: Target, watchdog_key: str | None) -> None:
@@ -239,8 +282,31 @@ class Lifecycle:
             self.api.stop(instance_id)
             self.say(f"stopped instance {instance_id} ({reason}){cost}; its disk still bills")
             return
+        self.destroy(instance_id, reason, cost)
+
+    def destroy(self, instance_id: int, reason: str, cost: str = "") -> None:
+        """Destroy (retried on server errors, ``ups.retry.API_RETRY``), then show the
+        instance until the API no longer lists it running; raise if it still is."""
         self.api.destroy(instance_id)
+        deadline = time.monotonic() + DESTROY_VERIFY_S
+        delays = VAST_DESTROY.delays()
+        while True:
+            row = self.api.show(instance_id)
+            if row is None or Instance.from_api(row).state is not State.RUNNING:
+                break
+            if time.monotonic() >= deadline:
+                raise VastApiError(
+                    f"instance {instance_id} is still listed running {DESTROY_VERIFY_S:.0f} s "
+                    "after the API accepted its destroy."
+                )
+            time.sleep(next(delays))  # polling the API until the destroy shows
         self.say(f"destroyed instance {instance_id} ({reason}){cost}")
+
+    def discard(self, instance_id: int, reason: str) -> None:
+        """Destroy an instance on a bad machine whatever ``on_exit`` says: nothing on it is
+        worth keeping, and it must not bill."""
+        self.destroy(instance_id, reason)
+        self.created.remove(instance_id)
 
 
 def forget_host_key(known_hosts: Path, name: str) -> None:

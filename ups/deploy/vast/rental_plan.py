@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +17,10 @@ from ups.config import Config
 from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.hosts import HostSpec
 from ups.deploy.vast.client import VastApi
+from ups.deploy.vast.errors import NoOffer
 from ups.deploy.vast.instance import label_for
-from ups.deploy.vast.offers import Offer, bid_price, choose, offer_type
+from ups.deploy.vast.ledger import Ledger
+from ups.deploy.vast.offers import Offer, bid_price, choose, offer_type, without_machines
 from ups.deploy.vast.watchdog import onstart_command
 from ups.runid import new_run_id
 
@@ -50,6 +53,8 @@ class VastPlan:
     overrides: tuple[str, ...]
     skip_preflight: bool
     env: dict[str, str]
+    avoided: tuple[int, ...] = ()
+    """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
 
     def replan(self, spec: HostSpec, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
@@ -68,22 +73,24 @@ class VastPlan:
     def run_id(self) -> str:
         return self.deploy.run_id
 
-    def with_next_offer(self, api: VastApi, exclude: set[int]) -> VastPlan:
-        """The same plan on the next matching offer under the same cap (for a recovery).
+    def with_next_offer(
+        self, api: VastApi, exclude: Collection[int], machines: Collection[int] = ()
+    ) -> VastPlan:
+        """The same plan on the next matching offer under the same cap (for a recovery, or
+        after a bad host).
 
-        ``exclude`` holds the offers of lost instances; the watchdog keeps the original
-        deadline, so ``max_hours`` counts across every instance of the run.
+        ``exclude`` holds offers not to take again (lost instances), ``machines`` the
+        machines that failed this deploy; the host ledger's are left out as well. The
+        watchdog keeps the original deadline, so ``max_hours`` counts across every instance
+        of the run.
         """
-        s = self.spec
-        assert s.offer is not None and s.max_price_per_hour is not None  # hosts.py checks
-        rows = api.search_offers(s.offer, s.order, offer_type(s.interruptible), s.disk_gb)
-        rows = [row for row in rows if int(row["id"]) not in exclude]
-        offer = choose(rows, s.max_price_per_hour, s.interruptible, s.offer)
+        offer, avoided = search(api, self.spec, machines, exclude)
         return dataclasses.replace(
             self,
             offer=offer,
-            price=offer.price(s.interruptible),
-            bid=bid_price(offer, s.interruptible),
+            price=offer.price(self.spec.interruptible),
+            bid=bid_price(offer, self.spec.interruptible),
+            avoided=avoided,
         )
 
     def create_fields(self) -> dict[str, object]:
@@ -109,6 +116,14 @@ class VastPlan:
             f"  offer:    {self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
             f"cap ${s.max_price_per_hour:.3f}/h",
             f"  query:    {s.offer!r} ordered by {s.order}",
+            *(
+                [
+                    f"  avoiding: machine(s) {', '.join(map(str, self.avoided))} (failed here "
+                    f"within ledger_ttl_h {s.ledger_ttl_h:g} h; `ups hosts` lists why)"
+                ]
+                if self.avoided
+                else []
+            ),
             f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label {self.label}",
             f"  watchdog: on the instance from boot; ends it ({s.on_exit}) at {hours} "
             f"(max_hours {s.max_hours:g})",
@@ -138,8 +153,7 @@ def build_vast_plan(
     cfg = load_run_config(config, overrides)
     env = dict(env if env is not None else {})
     run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
-    rows = api.search_offers(spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb)
-    offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
+    offer, avoided = search(api, spec)
     deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
     deploy = build_plan(
         container_spec(spec),
@@ -166,4 +180,33 @@ def build_vast_plan(
         overrides=overrides,
         skip_preflight=skip_preflight,
         env=env,
+        avoided=avoided,
     )
+
+
+def search(
+    api: VastApi,
+    spec: HostSpec,
+    machines: Collection[int] = (),
+    offers: Collection[int] = (),
+) -> tuple[Offer, tuple[int, ...]]:
+    """The first offer under the cap, leaving out ``offers``, ``machines`` and the machines
+    the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
+    matched the query and were left out."""
+    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    rows = api.search_offers(spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb)
+    rows = [row for row in rows if int(row["id"]) not in offers]
+    ledger = Ledger().excluded(spec.ledger_ttl_h)
+    avoided = tuple(sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") in ledger}))
+    kept = without_machines(rows, ledger | set(machines))
+    if rows and not kept:
+        left_out = sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") is not None})
+        raise NoOffer(
+            f"every Vast offer matching {spec.offer!r} is on a machine that failed here "
+            f"(machine(s) {', '.join(map(str, left_out))}; `ups hosts` lists why); nothing more "
+            "was created. Loosen the 'offer' query in hosts.yaml, or lower ledger_ttl_h to try "
+            "those machines again."
+        )
+    rows = kept
+    offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
+    return offer, avoided
