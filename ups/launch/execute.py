@@ -27,12 +27,12 @@ from ups.launch.finalize import (
     save_outcome,
     set_aside_previous_outcome,
 )
-from ups.launch.memory import snapshot
+from ups.launch.oom import snapshot
 from ups.launch.plan import LaunchPlan
 from ups.launch.ports import release, reserve_port
 from ups.launch.procs import become_subreaper, sweep
-from ups.launch.runner import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.launch.tee import LineTee
+from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome
 from ups.retry import retry_verdict

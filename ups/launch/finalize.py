@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
+from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import TorchrunResult, WorkerFailure, received
+from ups.launch.torchrun import TorchrunResult, WorkerFailure, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,

@@ -1,6 +1,6 @@
 """Run torchrun for a plan and stream everything it and its workers print.
 
-torchrun runs in a child process (``python -m ups.launch._torchrun``), not in this one,
+torchrun runs in a child process (``python -m ups.launch.torchrun_child``), not in this one,
 because torchrun's agent installs its own signal handlers, which would otherwise fight
 this process's. The child still runs torchrun in-process (``torch.distributed.run.run``),
 so failures come back exactly, as JSON. The agent's own lines arrive on the child's
@@ -196,7 +196,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     """
     result_path = Path(plan.result_path)
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "ups.launch._torchrun", str(result_path), *plan.torchrun_argv]
+    cmd = [sys.executable, "-m", "ups.launch.torchrun_child", str(result_path), *plan.torchrun_argv]
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
