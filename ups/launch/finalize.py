@@ -120,7 +120,8 @@ def save_outcome(run_dir: Path, outcome: Outcome) -> bool:
         return True
     except OSError as exc:
         log.error(
-            "could not write outcome.json",
+            "outcome_not_written",
+            text="could not write outcome.json",
             path=str(run_dir / OUTCOME_FILE),
             error=f"{type(exc).__name__}: {exc}",
             fix="free space on that filesystem; the outcome is in this line and the exit code",

@@ -155,11 +155,16 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
     def handler(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if "signal" in state:
-            log.warning("already stopping; workers are finishing", signal=name)
+            log.warning(
+                "stop_signal_repeated",
+                text="already stopping; workers are finishing",
+                signal=name,
+            )
             return
         state["signal"] = name
         log.warning(
-            f"{received(name)}: the workers stop at the next step and save a checkpoint",
+            "stop_signal_received",
+            text=f"{received(name)}: the workers stop at the next step and save a checkpoint",
             signal=name,
             forwarded="SIGTERM to torchrun",
         )
@@ -201,7 +206,12 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
-    log.info("starting torchrun", cmd=cmd, shutdown_timeout_s=plan.stop_grace_s)
+    log.info(
+        "torchrun_starting",
+        text="starting torchrun",
+        cmd=cmd,
+        shutdown_timeout_s=plan.stop_grace_s,
+    )
     # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
     # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
     proc = subprocess.Popen(
