@@ -310,10 +310,6 @@ def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
             "torchrun_restarting",
             text=f"attempt {len(records)} failed ({outcome.cause}); restarting torchrun from "
             f"the last checkpoint in {delay:g} s (restart {len(records)} of {plan.max_restarts})",
-            attempt=len(records),
-            cause=outcome.cause,
-            delay_s=delay,
-            max_restarts=plan.max_restarts,
             reason=outcome.reason,
         )
         try:
