@@ -66,7 +66,7 @@ def bench_stream(lines: int, rate: float, drops: int, keepalive: int) -> dict[st
             with log.open("ab", buffering=0) as fh:
                 for i in range(lines):
                     event = {
-                        "event": "train step",
+                        "event": "train_step",
                         "level": "info",
                         "step": i,
                         "i": i,

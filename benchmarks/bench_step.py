@@ -142,7 +142,7 @@ def worker(
     from ups.data.pdebench import inspect_task
     from ups.distributed.agreement import Update, agree_local, agree_update
     from ups.distributed.env import read_dist_env
-    from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+    from ups.distributed.process_group import init_distributed, shutdown_distributed
     from ups.log import setup_logging
     from ups.train.run import build_trainer, make_model
     from ups.train.schedule import lr_schedule

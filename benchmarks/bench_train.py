@@ -202,7 +202,7 @@ def loader_vs_step(
     from ups.data.loader import build_loader
     from ups.data.pdebench import inspect_task
     from ups.distributed.env import read_dist_env
-    from ups.distributed.lifecycle import init_distributed, shutdown_distributed
+    from ups.distributed.process_group import init_distributed, shutdown_distributed
     from ups.log import setup_logging
     from ups.train.run import build_trainer
     from ups.train.signals import StopFlag

@@ -4,7 +4,7 @@
 machine's engine and builds ``ups:cpu`` once per test run, for every test that runs the
 real image. The deploy tests also need a remote daemon that lacks an image, so they
 start private engines: each has its own data root, exec root and socket (vfs storage,
-no iptables, no bridge, as REFERENCE §7 runs dockerd).
+no iptables, no bridge, as scripts/docker-engine.sh runs the machine's dockerd).
 """
 
 from __future__ import annotations

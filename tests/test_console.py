@@ -118,7 +118,7 @@ def test_launch_on_a_terminal_shows_progress_and_summary_and_pipes_get_json(
     lines = piped.stdout.splitlines()
     parsed = [strict_json(line) for line in lines]  # raises on any non-JSON line
     names = [e["event"] for e in parsed if isinstance(e, dict)]
-    assert len(names) == len(lines) and "train_step" in names and names[-1] == "run finished"
+    assert len(names) == len(lines) and "train_step" in names and names[-1] == "run_ended"
 
 
 @pytest.mark.slow

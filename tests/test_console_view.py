@@ -44,8 +44,8 @@ RUN = [
     _line("eval", **{"eval/advection/rel_l2": 0.05, "eval/advection/baseline_rel_l2": 0.2,
           "eval/advection/samples": 12.0}),
     _line("outcome", outcome="finished", reason="all 2 rank(s) finished 4 steps", exit_code=0),
-    _line("run finished", outcome="finished", reason="all 2 rank(s) finished 4 steps",
-          run_dir="/runs/r", exit_code=0, run_id="r"),
+    _line("run_ended", text="run finished", outcome="finished",
+          reason="all 2 rank(s) finished 4 steps", run_dir="/runs/r", exit_code=0, run_id="r"),
 ]  # fmt: skip
 
 
@@ -92,6 +92,18 @@ def test_plain_mode_is_one_key_value_line_per_event() -> None:
     assert "train/loss=0.1235" in lines[1] and "train/lr=0.0003" in lines[1]
     assert lines[2] == "a plain line from torchrun"
     assert render_line("not json") == "not json"
+
+
+def test_an_event_with_a_sentence_shows_the_sentence_not_its_name() -> None:
+    """People read the sentence an event carries (``text``); its identifier, for filtering
+    the log, is not printed, and neither is the sentence twice."""
+    line = _line(
+        "master_port_switched", text="master port switched", port=29501, previous_port=29500
+    )
+    assert render_line(line) == "master port switched  port=29501  previous_port=29500"
+    warning = _line("preflight_skipped", "warning", text="preflight skipped (--skip-preflight)")
+    assert render_line(warning) == "warning preflight skipped (--skip-preflight)"
+    assert "train_start  steps=4" in render_line(RUN[0])  # no sentence: the name
 
 
 def test_short_numbers() -> None:

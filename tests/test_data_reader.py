@@ -212,4 +212,4 @@ def test_data_check_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert main(["check", str(config)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4
-    assert "data ok" in lines[2] and "'x-coordinate'" in lines[3] and "bad.h5" in lines[3]
+    assert '"data_ok"' in lines[2] and "'x-coordinate'" in lines[3] and "bad.h5" in lines[3]

@@ -15,8 +15,8 @@ from ups.cli.launch import main as launch_main
 from ups.config import load_config
 from ups.launch.finalize import exit_code, finalize_outcome, set_aside_previous_outcome
 from ups.launch.plan import LaunchPlan, LaunchRequest, build_plan
-from ups.launch.runner import TorchrunResult, WorkerFailure
 from ups.launch.tee import LineTee
+from ups.launch.torchrun import TorchrunResult, WorkerFailure
 from ups.outcome import EXIT_CONFIG, Outcome, read_outcome, write_outcome
 from ups.preflight.checks.ports import pick_free_port
 from ups.rundir import mark_latest

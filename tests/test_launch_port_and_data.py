@@ -72,7 +72,7 @@ def test_port_taken_after_preflight_moves_to_a_fresh_port(tmp_path: Path) -> Non
     try:
         for line in proc.stdout:
             lines.append(line)
-            if '"starting torchrun"' in line and not bound:
+            if '"torchrun_starting"' in line and not bound:
                 # The preflight report is out and its ports check passed; torchrun's child
                 # still has to import torch before its agent binds the store.
                 foreign.bind(("0.0.0.0", port))
@@ -89,7 +89,7 @@ def test_port_taken_after_preflight_moves_to_a_fresh_port(tmp_path: Path) -> Non
     assert rc == 0, out
     events = parse_events(out)
     assert any(line.startswith("ports") and "PASS" in line for line in lines), out
-    switched = [e for e in events if e["event"] == "master port switched"]
+    switched = [e for e in events if e["event"] == "master_port_switched"]
     assert len(switched) == 1, out
     assert switched[0]["level"] == "info"
     assert switched[0]["previous_port"] == port and switched[0]["port"] != port

@@ -81,7 +81,7 @@ def test_three_launches_started_at_once_all_finish(
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]
         assert "EADDRINUSE" not in out
-    endpoints = [events_named(out, "launch plan")[0]["rdzv_endpoint"] for out in outputs]
+    endpoints = [events_named(out, "launch_plan")[0]["rdzv_endpoint"] for out in outputs]
     assert len(set(endpoints)) == 3, endpoints
     assert f"127.0.0.1:{port}" in endpoints
     for i in range(3):

@@ -47,7 +47,7 @@ def test_script_success_tees_output_and_finishes(tmp_path: Path) -> None:
     assert "preflight OK" in log_text
     assert outcome_of(run_dir)["outcome"] == "finished"
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert (last["event"], last["outcome"], last["exit_code"]) == ("run finished", "finished", 0)
+    assert (last["event"], last["outcome"], last["exit_code"]) == ("run_ended", "finished", 0)
     assert Path(last["run_dir"]).resolve() == run_dir
 
 
@@ -64,7 +64,7 @@ def test_taken_master_port_is_replaced_and_the_run_succeeds(tmp_path: Path) -> N
             "--master-port", str(port), "--skip-preflight",
         )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    switched = events_named(proc.stdout, "master port switched")
+    switched = events_named(proc.stdout, "master_port_switched")
     assert switched and switched[0]["port"] != port
     ports = {int(e["master_port"]) for e in events_named(proc.stdout, "allreduced")}
     assert ports == {switched[0]["port"]}
@@ -114,7 +114,7 @@ def test_preempted_outcome_sets_exit_code_75(tmp_path: Path) -> None:
 def _torchrun_never_started(run_dir: Path) -> bool:
     log_text = (run_dir / "logs" / "launch.log").read_text()
     events = [e["event"] for e in parse_events(log_text)]
-    return "starting torchrun" not in events and not list(run_dir.glob("torchelastic/*"))
+    return "torchrun_starting" not in events and not list(run_dir.glob("torchelastic/*"))
 
 
 def test_held_rendezvous_port_fails_preflight_before_torchrun(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_sigterm_during_preflight_ends_with_an_outcome(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         # The all-reduce check alone takes seconds, so the signal lands inside preflight.
-        wait_for_event(run_dir / "logs" / "launch.log", "launch plan", proc, timeout=60)
+        wait_for_event(run_dir / "logs" / "launch.log", "launch_plan", proc, timeout=60)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:

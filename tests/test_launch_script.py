@@ -75,7 +75,7 @@ def test_plain_script_exception_is_named_from_what_the_rank_printed(tmp_path: Pa
     assert "[rank1]: RuntimeError: boom on rank 1" in log_lines
     assert {"rank 0 is up", "rank 1 is up"} <= set(log_lines)
     end = parse_events(result.stdout)[-1]
-    assert end["event"] == "run failed" and "resume" not in end
+    assert (end["event"], end["outcome"]) == ("run_ended", "failed") and "resume" not in end
 
 
 @pytest.mark.slow
@@ -85,7 +85,7 @@ def test_script_killed_rank_hint_promises_no_checkpoint(tmp_path: Path) -> None:
     result = _script_run(tmp_path, SIGKILL_ON_RANK1)
     assert result.returncode != 0
     end = parse_events(result.stdout)[-1]
-    assert end["event"] == "run failed", end
+    assert (end["event"], end["outcome"]) == ("run_ended", "failed"), end
     assert end["resume"] == "run the same command again to start the script again"
     assert "checkpoint" not in json.dumps(end)
     assert outcome_of(tmp_path / "runs" / "latest")["phase"] == "script"

@@ -44,7 +44,7 @@ def test_sigterm_during_the_preflight_allreduce_leaves_no_worker_behind(tmp_path
 @pytest.mark.parametrize(
     ("phase_event", "phases"),
     [
-        ({"event": "starting torchrun"}, {"torchrun_start", "data_check", "init", "training",
+        ({"event": "torchrun_starting"}, {"torchrun_start", "data_check", "init", "training",
                                           "final_save"}),
         ({"event": "phase", "phase": "data_check"}, {"data_check", "init", "training",
                                                      "final_save"}),

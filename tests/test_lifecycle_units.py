@@ -20,7 +20,7 @@ from tests.conftest import PYTHON, REPO
 from ups.deploy import operate as deploy_execute
 from ups.deploy import tasks as deploy_tasks
 from ups.grace import DEFAULT_STOP_GRACE_S, container_grace_s, stop_wait_s
-from ups.launch.memory import MemorySnapshot, explain_sigkill, snapshot
+from ups.launch.oom import MemorySnapshot, explain_sigkill, snapshot
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.launch.tee import LineTee
 from ups.outcome import Outcome, read_outcome, write_outcome
@@ -277,7 +277,7 @@ def test_a_stop_after_every_rank_finished_keeps_the_run_finished(
     "finished" and exit 0, torchrun exits 143. The run is finished (exit 0, the stop noted),
     not "failed". A worker that did fail still turns "finished" into "failed"."""
     from ups.launch.finalize import exit_code, finalize_outcome
-    from ups.launch.runner import TorchrunResult, WorkerFailure
+    from ups.launch.torchrun import TorchrunResult, WorkerFailure
 
     plan = build_plan(
         LaunchRequest(script="t.py", run_id="r1", output_dir=str(tmp_path)),

@@ -122,7 +122,7 @@ def test_a_killed_worker_fails_every_rank_soon_naming_its_pid_and_signal(
     assert "OOM killer" in outcome["reason"]  # the fix comes with it
     assert retry_verdict(read_outcome(run_dir))[0]  # the same command resumes it
     assert ended - _time(killed) < 60, "the run took too long to end after the worker died"
-    assert not events_named(proc.stdout, "ended leftover processes"), "launch had to sweep"
+    assert not events_named(proc.stdout, "leftover_processes_ended"), "launch had to sweep"
     assert _gone(pids + _worker_pids(run_dir, 0), str(config)) == []
 
 

@@ -85,7 +85,7 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
         assert proc.returncode == 0, f"{commands[i]!r} exited {proc.returncode}:\n{proc.stderr}"
         outputs.append(proc.stdout + proc.stderr)
     data_check, preflight, plan = outputs
-    assert data_check.count("data ok") == 2, data_check  # both demo tasks
+    assert data_check.count('"data_ok"') == 2, data_check  # both demo tasks
     assert "preflight OK" in preflight, preflight
     assert '"nproc_per_node"' in plan or "torchrun" in plan, plan
 

@@ -39,8 +39,11 @@ def _synth(out: Path, seed: int) -> int:
     start = time.monotonic()
     paths = synthesize(out, seed)
     for path in paths:
-        log.info("data file written", path=str(path), bytes=path.stat().st_size)
-    log.info("demo data ready", out=str(out), seed=seed, seconds=round(time.monotonic() - start, 1))
+        log.info(
+            "data_file_written", text="data file written", path=str(path), bytes=path.stat().st_size
+        )
+    seconds = round(time.monotonic() - start, 1)
+    log.info("demo_data_ready", text="demo data ready", out=str(out), seed=seed, seconds=seconds)
     return 0
 
 
@@ -49,7 +52,7 @@ def _check(config: Path, overrides: list[str]) -> int:
     try:
         cfg = load_config(config, overrides, check_files=False)
     except ConfigError as exc:
-        log.error("config invalid", error=str(exc))
+        log.error("config_invalid", text="config invalid", error=str(exc))
         return 2
     failed = 0
     for task in cfg.tasks:
@@ -57,10 +60,11 @@ def _check(config: Path, overrides: list[str]) -> int:
             info = inspect_task(task)
         except DataError as exc:
             failed += 1
-            log.error("data check failed", task=task.name, error=str(exc))
+            log.error("data_check_failed", text="data check failed", task=task.name, error=str(exc))
             continue
         log.info(
-            "data ok",
+            "data_ok",
+            text="data ok",
             task=task.name,
             layout=info.layout,
             path=str(info.path),

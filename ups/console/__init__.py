@@ -6,7 +6,7 @@ place, for whoever reads a terminal:
 - Workers always write JSON. Under ``ups launch`` each rank is a separate process whose
   stdout is torchrun's pipe, so a rank cannot know whether a person is watching, and
   several ranks drawing progress bars into one pipe would garble each other. The
-  launcher reads that pipe line by line anyway (``ups.launch.runner``) and tees it into
+  launcher reads that pipe line by line anyway (``ups.launch.torchrun``) and tees it into
   ``launch.log`` (``ups.launch.tee``); its console side hands each line to a
   :class:`ConsoleView` when its own stdout is a terminal (or ``--log-format console``).
 - ``launch.log`` and the per-rank ``logs/rank<N>.jsonl`` files are always the raw lines,

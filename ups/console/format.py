@@ -14,9 +14,20 @@ LOG_FORMATS = ("auto", "console", "json")
 """``--log-format`` choices: ``auto`` renders for people only when stdout is a terminal."""
 
 HIDDEN = frozenset(
-    {"event", "level", "timestamp", "run_id", "world_size", "component", "node_rank", "rank"}
+    {
+        "event",
+        "level",
+        "timestamp",
+        "run_id",
+        "world_size",
+        "component",
+        "node_rank",
+        "rank",
+        "text",
+    }
 )
-"""Fields every event carries; the console shows them once (time, rank) or in the summary."""
+"""Fields every event carries; the console shows them once (time, rank) or in the summary;
+``text``, the sentence an event carries for people, stands in for its name."""
 
 MAX_VALUE_CHARS = 100
 """Longer values are cut in the console (the log file keeps them whole)."""
@@ -65,8 +76,9 @@ def _shorten(value: Any) -> Any:
 def event_text(event: dict[str, Any]) -> Text:
     """One event as one line: ``HH:MM:SS level event key=value ...`` with short numbers.
 
-    A multi-line value (a traceback) follows on its own lines, whole: it is what an
-    error is read for.
+    An event with a ``text`` field (its sentence for people) shows that sentence where the
+    name would be: the name is an identifier for filtering logs. A multi-line value (a
+    traceback) follows on its own lines, whole: it is what an error is read for.
     """
     level = str(event.get("level", "info"))
     style = _LEVEL_STYLE.get(level, "")
@@ -79,7 +91,9 @@ def event_text(event: dict[str, Any]) -> Text:
     rank = event.get("rank")
     if isinstance(rank, int) and rank > 0:
         text.append(f"[rank {rank}] ", style="cyan")
-    text.append(str(event.get("event", "")), style=style or "bold")
+    sentence = event.get("text")
+    name = sentence if isinstance(sentence, str) else event.get("event", "")
+    text.append(str(name), style=style or "bold")
     blocks = []
     for key, value in event.items():
         if key in HIDDEN or value is None:  # None: nothing to show (the file keeps the key)

@@ -194,7 +194,7 @@ class ConsoleView:
             self._outcome = {**event, "checkpoint": self._checkpoint}
             if level != "info":
                 self.console.print(event_text(event))
-        elif name.startswith("run ") and "outcome" in event:
+        elif name == "run_ended":
             self._stop()
             self._summary({**(self._outcome or {}), **event})
         else:

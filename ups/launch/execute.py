@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 import signal
 import sys
 import time
@@ -27,12 +28,12 @@ from ups.launch.finalize import (
     save_outcome,
     set_aside_previous_outcome,
 )
-from ups.launch.memory import snapshot
+from ups.launch.oom import snapshot
 from ups.launch.plan import LaunchPlan
 from ups.launch.ports import release, reserve_port
 from ups.launch.procs import become_subreaper, sweep
-from ups.launch.runner import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.launch.tee import LineTee
+from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome
 from ups.retry import retry_verdict
@@ -52,9 +53,9 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
     """The last line launch prints: how the run ended, from outcome.json."""
     extra: dict[str, Any] = {}
     if outcome.outcome == "finished" and code == 0:
-        level = log.info
+        level = logging.INFO
     else:
-        level = log.warning if outcome.outcome == "preempted" else log.error
+        level = logging.WARNING if outcome.outcome == "preempted" else logging.ERROR
         retryable, _ = retry_verdict(outcome)
         if retryable and outcome.outcome != "finished":
             extra["resume"] = (
@@ -63,8 +64,10 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
                 # ups keeps no checkpoint of a script's; whether it resumes is the script's
                 else "run the same command again to start the script again"
             )
-    level(
-        f"run {outcome.outcome}",
+    log.log(
+        level,
+        "run_ended",
+        text=f"run {outcome.outcome}",
         outcome=outcome.outcome,
         reason=outcome.reason,
         cause=outcome.cause,
@@ -158,7 +161,8 @@ def _fail(
 
 def _announce(plan: LaunchPlan) -> None:
     log.info(
-        "launch plan",
+        "launch_plan",
+        text="launch plan",
         run_id=plan.run_id,
         run_dir=plan.run_dir,
         world_size=plan.world_size,
@@ -171,7 +175,9 @@ def _announce(plan: LaunchPlan) -> None:
     if plan.resume is not None:
         r = plan.resume
         log.warning(
-            f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished ({r['why']})",
+            "resuming_run",
+            text=f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished "
+            f"({r['why']})",
             run_id=r["run_id"],
             step=r["step"],
             why=r["why"],
@@ -179,9 +185,14 @@ def _announce(plan: LaunchPlan) -> None:
             fresh_instead="add --fresh to start a new run",
         )
     elif plan.resume_note:
-        log.info(f"new run {plan.run_id}: {plan.resume_note}")
+        log.info("new_run", text=f"new run {plan.run_id}: {plan.resume_note}", run_id=plan.run_id)
     if plan.port_note:  # information: the run goes on, on a port nobody else holds
-        log.info("master port switched", note=plan.port_note, port=plan.master_port)
+        log.info(
+            "master_port_switched",
+            text="master port switched",
+            note=plan.port_note,
+            port=plan.master_port,
+        )
 
 
 def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
@@ -252,7 +263,13 @@ def _run_on_a_free_port(
             f"using free port {port}"
         )
         plan = plan.with_master_port(port, note)
-        log.info("master port switched", note=note, port=port, previous_port=taken)
+        log.info(
+            "master_port_switched",
+            text="master port switched",
+            note=note,
+            port=port,
+            previous_port=taken,
+        )
     raise AssertionError("unreachable: the loop returns on its last switch")
 
 
@@ -290,8 +307,9 @@ def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
         if delay is None:
             break
         log.warning(
-            f"attempt {len(records)} failed ({outcome.cause}); restarting torchrun from the "
-            f"last checkpoint in {delay:g} s (restart {len(records)} of {plan.max_restarts})",
+            "torchrun_restarting",
+            text=f"attempt {len(records)} failed ({outcome.cause}); restarting torchrun from "
+            f"the last checkpoint in {delay:g} s (restart {len(records)} of {plan.max_restarts})",
             reason=outcome.reason,
         )
         try:
@@ -323,7 +341,7 @@ def _preflight(
         if plan.preflight_passed_by:
             log.info("preflight_passed_before_launch", by=plan.preflight_passed_by)
         else:
-            log.warning("preflight skipped (--skip-preflight)")
+            log.warning("preflight_skipped", text="preflight skipped (--skip-preflight)")
         return None
     from ups.launch.gate import run_gate  # preflight imports are heavy; only when used
 

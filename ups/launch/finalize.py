@@ -12,9 +12,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ups.launch.memory import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
+from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.runner import TorchrunResult, WorkerFailure, received
+from ups.launch.torchrun import TorchrunResult, WorkerFailure, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -120,7 +120,8 @@ def save_outcome(run_dir: Path, outcome: Outcome) -> bool:
         return True
     except OSError as exc:
         log.error(
-            "could not write outcome.json",
+            "outcome_not_written",
+            text="could not write outcome.json",
             path=str(run_dir / OUTCOME_FILE),
             error=f"{type(exc).__name__}: {exc}",
             fix="free space on that filesystem; the outcome is in this line and the exit code",

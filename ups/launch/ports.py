@@ -6,7 +6,7 @@ that a port can be bound is not enough: nothing holds it between the check and t
 moment torchrun's agent binds its store.
 
 Why a lock and not a held socket or a retry: torchrun's agent binds the store itself
-(in the child process, ``ups.launch._torchrun``), so this process cannot keep a bound
+(in the child process, ``ups.launch.torchrun_child``), so this process cannot keep a bound
 socket and hand it over; and retrying torchrun after EADDRINUSE would need to tell a
 bind failure of the store apart from a worker's failure, and would restart the plan
 after preflight ran on the old port. Instead each launch takes an exclusive ``flock``
@@ -19,7 +19,7 @@ the host see each other's reservations.
 
 A process that is not ``ups launch`` takes no lock and can still bind the port between
 the check and torchrun. torchrun's agent then fails to bind its store before any worker
-starts (``_torchrun`` reports status ``port_in_use``), and launch runs torchrun again on
+starts (``torchrun_child`` reports status ``port_in_use``), and launch runs torchrun again on
 a fresh reserved port (``ups.launch.execute``, a bounded number of times, each switch an
 info event). The lock stays the first line: it keeps launches from even trying a port
 another launch holds.

@@ -56,7 +56,8 @@ def sweep(grace_s: float = 5.0) -> list[int]:
             p.kill()
     psutil.wait_procs(alive, timeout=grace_s)
     if procs:
-        log.warning("ended leftover processes", pids=[p.pid for p in procs])
+        pids = [p.pid for p in procs]
+        log.warning("leftover_processes_ended", text="ended leftover processes", pids=pids)
     return [p.pid for p in procs]
 
 

@@ -64,7 +64,7 @@ from ups.distributed.agreement import (
     heartbeat,
 )
 from ups.distributed.env import DistEnv
-from ups.distributed.lifecycle import set_collective_timeout
+from ups.distributed.process_group import set_collective_timeout
 from ups.outcome import EXIT_FAILED, EXIT_SAVE_FAILED
 from ups.train.amp import is_overflow, make_scaler, scaler_forget_step, scaler_overflow
 from ups.train.checkpoint import CheckpointSaveFailed

@@ -23,7 +23,7 @@ from ups.distributed.agreement import (
     stuck_ranks,
 )
 from ups.distributed.env import DistEnv
-from ups.distributed.lifecycle import (
+from ups.distributed.process_group import (
     init_distributed,
     shutdown_distributed,
 )

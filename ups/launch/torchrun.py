@@ -1,6 +1,6 @@
 """Run torchrun for a plan and stream everything it and its workers print.
 
-torchrun runs in a child process (``python -m ups.launch._torchrun``), not in this one,
+torchrun runs in a child process (``python -m ups.launch.torchrun_child``), not in this one,
 because torchrun's agent installs its own signal handlers, which would otherwise fight
 this process's. The child still runs torchrun in-process (``torch.distributed.run.run``),
 so failures come back exactly, as JSON. The agent's own lines arrive on the child's
@@ -155,11 +155,16 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
     def handler(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if "signal" in state:
-            log.warning("already stopping; workers are finishing", signal=name)
+            log.warning(
+                "stop_signal_repeated",
+                text="already stopping; workers are finishing",
+                signal=name,
+            )
             return
         state["signal"] = name
         log.warning(
-            f"{received(name)}: the workers stop at the next step and save a checkpoint",
+            "stop_signal_received",
+            text=f"{received(name)}: the workers stop at the next step and save a checkpoint",
             signal=name,
             forwarded="SIGTERM to torchrun",
         )
@@ -196,12 +201,17 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     """
     result_path = Path(plan.result_path)
     result_path.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "ups.launch._torchrun", str(result_path), *plan.torchrun_argv]
+    cmd = [sys.executable, "-m", "ups.launch.torchrun_child", str(result_path), *plan.torchrun_argv]
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
-    log.info("starting torchrun", cmd=cmd, shutdown_timeout_s=plan.stop_grace_s)
+    log.info(
+        "torchrun_starting",
+        text="starting torchrun",
+        cmd=cmd,
+        shutdown_timeout_s=plan.stop_grace_s,
+    )
     # Own session: a Ctrl-C in the terminal reaches only launch, which turns it into one
     # SIGTERM for torchrun (the trainer's preemption path) instead of a SIGINT storm.
     proc = subprocess.Popen(

@@ -1,6 +1,6 @@
 """Child process of ``ups launch``: torchrun in-process, its result written as JSON.
 
-``python -m ups.launch._torchrun RESULT_JSON TORCHRUN_ARGS...`` parses the arguments
+``python -m ups.launch.torchrun_child RESULT_JSON TORCHRUN_ARGS...`` parses the arguments
 with torch's own parser, runs ``torch.distributed.run.run`` and writes what happened to
 ``RESULT_JSON``: ``{"status": "ok"|"failed"|"signal"|"error", "failures": {rank: ...},
 "signal": name, "error": text}``. The parent reads that file rather than scraping
