@@ -22,6 +22,7 @@ COMMANDS = {
     "fetch": ("ups.cli.deploy:fetch", "copy a deployed run's outputs home (fab fetch)"),
     "instances": ("ups.cli.deploy:instances", "list ups's Vast instances (fab instances)"),
     "down": ("ups.cli.deploy:down", "destroy ups's Vast instances (fab down)"),
+    "supervise": ("ups.cli.supervise", "follow and recover a vast run (--detach starts it)"),
 }
 
 

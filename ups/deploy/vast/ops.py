@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import time
 from pathlib import Path
 from typing import TextIO
 
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import HostSpec
+from ups.deploy.vast import background, lease, supervision
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
@@ -42,7 +46,11 @@ def deploy(
     detach: bool,
     skip_preflight: bool,
     mirror: Path | None,
+    hosts_file: str | None = None,
+    mode: str = "following",
 ) -> int:
+    """Plan, then supervise the run (``mode`` says how: ``following`` in a terminal, or
+    ``detached`` for ``ups supervise``); a detached deploy leaves a supervisor behind."""
     env = dict(os.environ)
     api = VastApi(spec.vast_url)
     watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
@@ -60,11 +68,41 @@ def deploy(
     out.flush()
     if dry_run:
         return 0
-    lifecycle = Lifecycle(api, plan, known_hosts, out)
-    code = run(
-        lifecycle, env=env, skip_preflight=skip_preflight, watchdog_key=watchdog_key, mirror=mirror
+    run_dir = plan.local_runs / plan.run_id
+    fresh = supervision.State(
+        run_id=plan.run_id,
+        host=spec.name,
+        config=str(config.resolve()),
+        hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None,
+        overrides=list(overrides),
     )
-    lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+    sup, known = supervision.Supervision.load_or_new(run_dir, fresh)
+    held = lease.Lease(run_dir, plan.run_id, mode)
+    held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
+    try:
+        if detach and known:  # the run exists: its background supervisor picks it up
+            code = 0
+        else:
+            lifecycle = Lifecycle(api, plan, known_hosts, out)
+            sup.save()
+            code = run(
+                lifecycle,
+                env=env,
+                skip_preflight=skip_preflight,
+                watchdog_key=watchdog_key,
+                sup=sup,
+                mirror=mirror,
+            )
+            lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+    finally:
+        held.release()
+    if detach:
+        pid = background.start(plan.local_runs, plan.run_id)
+        out.write(
+            f"supervisor pid {pid} follows run {plan.run_id} in the background (log "
+            f"{run_dir / background.LOG}): it syncs checkpoints and recovers the run if the "
+            f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
+        )
     return code
 
 
@@ -74,9 +112,12 @@ def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
     return [i for i in found if i.run and (host is None or i.run[0] == host)]
 
 
-def instances(spec: HostSpec, out: TextIO) -> int:
+def instances(spec: HostSpec, out: TextIO, runs_dir: Path = Path("runs")) -> int:
     api = VastApi(spec.vast_url)
     rows = ups_instances(api)
+    runs = supervision.all_runs(runs_dir)
+    if runs:
+        out.write(describe_runs(runs, runs_dir) + "\n")
     if not rows:
         out.write("no ups instances on this Vast account\n")
         return 0
@@ -96,9 +137,35 @@ def instances(spec: HostSpec, out: TextIO) -> int:
     return 0
 
 
+def describe_runs(runs: list[supervision.State], runs_dir: Path) -> str:
+    """One line per supervised run: who supervises it, its newest checkpoint, cost so far."""
+    now = time.time()
+    header = (
+        f"{'run':<32} {'supervisor':<34} {'recoveries':>10}  {'last checkpoint':<24} {'cost':>8}"
+    )
+    lines = [f"supervised runs in {runs_dir}/:", header]
+    for st in runs:
+        held = lease.holder(runs_dir / st.run_id)
+        who = (
+            f"{held.mode} (pid {held.pid})"
+            if held
+            else ("ended: " + st.ended if st.ended else "none")
+        )
+        last = st.checkpoints[-1] if st.checkpoints else None
+        ckpt = f"step {last.step}, {now - last.at:.0f} s ago ({last.where})" if last else "-"
+        lines.append(
+            f"{st.run_id:<32} {who:<34} {st.recoveries:>10}  {ckpt:<24} ${st.cost():>7.4f}"
+        )
+    return "\n".join(lines)
+
+
 def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     api = VastApi(spec.vast_url)
+    runs_dir = Path("runs")
+    for st in supervision.all_runs(runs_dir):
+        if st.host == spec.name and run_id in (None, st.run_id):
+            _stop_supervisor(runs_dir / st.run_id, out)
     wanted = label_for(spec.name, run_id) if run_id else None
     targets = [i for i in ups_instances(api, spec.name) if wanted is None or i.label == wanted]
     if not targets:
@@ -110,7 +177,26 @@ def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
         out.write(
             f"destroyed instance {inst.id} ({inst.label}), about ${inst.cost_so_far:.2f} so far\n"
         )
+        if inst.run is not None and (saved := supervision.load(runs_dir / inst.run[1])):
+            # Ended on purpose: a later deploy of the run continues it without counting a
+            # recovery.
+            supervision.Supervision(
+                runs_dir / inst.run[1] / supervision.FILE, saved
+            ).instance_ended(inst.id, "destroyed by fab down")
     return 0
+
+
+def _stop_supervisor(run_dir: Path, out: TextIO) -> None:
+    """SIGTERM the run's background supervisor here (it ends its instance per on_exit and
+    exits), so it does not recover the run that `fab down` is ending."""
+    held = lease.holder(run_dir)
+    if held is None or held.host != socket.gethostname():
+        return
+    os.kill(held.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while lease.holder(run_dir) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the supervisor ending its instance, then exiting
+    out.write(f"stopped the {held.describe()}\n")
 
 
 def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
