@@ -163,19 +163,24 @@ def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     api = VastApi(spec.vast_url)
     runs_dir = Path("runs")
+    wanted = label_for(spec.name, run_id) if run_id else None
+    targets = [i for i in ups_instances(api, spec.name) if wanted is None or i.label == wanted]
     for st in supervision.all_runs(runs_dir):
         if st.host == spec.name and run_id in (None, st.run_id):
             _stop_supervisor(runs_dir / st.run_id, out)
-    wanted = label_for(spec.name, run_id) if run_id else None
-    targets = [i for i in ups_instances(api, spec.name) if wanted is None or i.label == wanted]
     if not targets:
         what = f"run {run_id}" if run_id else f"host {spec.name}"
         out.write(f"no instances for {what}: nothing to destroy\n")
         return 0
     for inst in targets:
-        api.destroy(inst.id)
+        by = ""
+        if api.show(inst.id) is None:
+            by = " by its supervisor"  # on_exit destroy: it ended the instance on SIGTERM
+        else:
+            api.destroy(inst.id)
         out.write(
-            f"destroyed instance {inst.id} ({inst.label}), about ${inst.cost_so_far:.2f} so far\n"
+            f"destroyed instance {inst.id} ({inst.label}){by}, about "
+            f"${inst.cost_so_far:.2f} so far\n"
         )
         if inst.run is not None and (saved := supervision.load(runs_dir / inst.run[1])):
             # Ended on purpose: a later deploy of the run continues it without counting a
