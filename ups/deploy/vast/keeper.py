@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from ups.bucket import Bucket
 from ups.deploy import operate
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
@@ -33,6 +34,7 @@ from ups.deploy.hosts import HostSpec
 from ups.deploy.runs import existing, read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
+from ups.deploy.vast.bucket_state import fetch_newer
 from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
 from ups.deploy.vast.instance import State
 from ups.deploy.vast.monitor import (
@@ -63,9 +65,11 @@ class Keeper:
         env: dict[str, str],
         watchdog_key: str | None,
         sup: Supervision,
+        bucket: Bucket | None = None,
     ):
         self.lc = lifecycle
         self.sup = sup
+        self.bucket = bucket
         self.env = env
         self.watchdog_key = watchdog_key
         plan = lifecycle.plan
@@ -324,7 +328,10 @@ class Keeper:
         self.sup.instance_ended(instance_id, f"lost: {reason}")
 
     def resume_point(self, reason: str, instance: int | None, detected: float) -> Pending:
-        """The newest good checkpoint here; the log cut back to it and marked."""
+        """The newest good checkpoint here (the bucket's first, when newer); the log cut
+        back to it and marked."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
         newest = newest_good(self.run_dir / "checkpoints")
         step, path = newest if newest else (0, None)
         lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
@@ -396,6 +403,7 @@ def run(
     skip_preflight: bool,
     watchdog_key: str | None,
     sup: Supervision,
+    bucket: Bucket | None = None,
     mirror: Path | None = None,
 ) -> int:
     """The whole deploy; ends every instance on every path and returns the run's exit code.
@@ -405,7 +413,7 @@ def run(
     """
     del skip_preflight
     plan = lifecycle.plan
-    keeper = Keeper(lifecycle, env, watchdog_key, sup)
+    keeper = Keeper(lifecycle, env, watchdog_key, sup, bucket)
     reason = "run ended"
     code = 1
     try:

@@ -29,12 +29,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ups import jsonio
 from ups.deploy.errors import DeployError
 from ups.fsio import atomic_write_text
+
+if TYPE_CHECKING:
+    from ups.bucket import Bucket
 
 LEASE_FILE = "supervisor.lease"
 LOCK_FILE = ".supervisor.lock"
@@ -105,8 +109,10 @@ class Lease:
     """This process's lease on one run; :meth:`take` it, then it renews itself until
     :meth:`release`."""
 
-    def __init__(self, run_dir: Path, run_id: str, mode: str) -> None:
+    def __init__(self, run_dir: Path, run_id: str, mode: str, bucket: Bucket | None = None) -> None:
         self.run_dir = run_dir
+        self.bucket = bucket
+        """The run's bucket: the lease is held there too, for supervisors elsewhere."""
         self.run_id = run_id
         self.mode = mode
         self.token = secrets.token_hex(8)
@@ -132,16 +138,28 @@ class Lease:
     def take(self, follow_hint: str) -> None:
         """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint`` is
         the command that watches the run instead)."""
+
+        def refuse(held: Holder) -> LeaseHeld:
+            return LeaseHeld(
+                f"run {self.run_id} is already supervised by the {held.describe()}; "
+                f"two supervisors would both recover it. Follow it with `{follow_hint}`, "
+                f"or end that supervisor first (`kill {held.pid}` on {held.host} ends its "
+                "instance per on_exit)."
+            )
+
         with _locked(self.run_dir):
             held = read(self.run_dir)
             if held is not None and held.token != self.token and held.alive():
-                raise LeaseHeld(
-                    f"run {self.run_id} is already supervised by the {held.describe()}; "
-                    f"two supervisors would both recover it. Follow it with `{follow_hint}`, "
-                    f"or end that supervisor first (`kill {held.pid}` on {held.host} ends its "
-                    "instance per on_exit)."
-                )
+                raise refuse(held)
             self._write()
+        if self.bucket is not None:
+            from ups.deploy.vast import bucket_state
+
+            try:
+                bucket_state.take_lease(self.bucket, self.run_id, self._mine(), refuse)
+            except BaseException:
+                self.release()
+                raise
         self._thread = threading.Thread(target=self._renew, daemon=True)
         self._thread.start()
 
@@ -151,6 +169,10 @@ class Lease:
                 held = read(self.run_dir)
                 if held is None or held.token == self.token:
                     self._write()
+            if self.bucket is not None:
+                from ups.deploy.vast import bucket_state
+
+                bucket_state.renew_lease(self.bucket, self.run_id, self._mine())
 
     def release(self) -> None:
         self._stop.set()
@@ -160,6 +182,10 @@ class Lease:
             held = read(self.run_dir)
             if held is not None and held.token == self.token:
                 (self.run_dir / LEASE_FILE).unlink(missing_ok=True)
+        if self.bucket is not None:
+            from ups.deploy.vast import bucket_state
+
+            bucket_state.release_lease(self.bucket, self.run_id, self.token)
 
     def __enter__(self) -> Lease:
         return self

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from ups.deploy.deploy_plan import load_run_config
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import HostSpec
-from ups.deploy.vast import background, lease, supervision
+from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
@@ -76,8 +77,14 @@ def deploy(
         hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None,
         overrides=list(overrides),
     )
-    sup, known = supervision.Supervision.load_or_new(run_dir, fresh)
-    held = lease.Lease(run_dir, plan.run_id, mode)
+    bucket = bucket_state.open_for(plan.cfg)
+
+    def say(text: str) -> None:
+        out.write(text + "\n")
+
+    mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
+    sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
+    held = lease.Lease(run_dir, plan.run_id, mode, bucket)
     held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
     try:
         if detach and known:  # the run exists: its background supervisor picks it up
@@ -91,6 +98,7 @@ def deploy(
                 skip_preflight=skip_preflight,
                 watchdog_key=watchdog_key,
                 sup=sup,
+                bucket=bucket,
                 mirror=mirror,
             )
             lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
@@ -155,8 +163,23 @@ def describe_runs(runs: list[supervision.State], runs_dir: Path) -> str:
         ckpt = f"step {last.step}, {now - last.at:.0f} s ago ({last.where})" if last else "-"
         lines.append(
             f"{st.run_id:<32} {who:<34} {st.recoveries:>10}  {ckpt:<24} ${st.cost():>7.4f}"
+            + _in_bucket(st)
         )
     return "\n".join(lines)
+
+
+def _in_bucket(st: supervision.State) -> str:
+    """``; bucket: step N`` for a run whose config names a bucket (one listing)."""
+    from ups.bucket import BucketError, newest_checkpoint
+
+    try:
+        bucket = bucket_state.open_for(load_run_config(Path(st.config), tuple(st.overrides)))
+        ref = newest_checkpoint(bucket, st.run_id) if bucket else None
+    except (DeployError, BucketError, OSError) as err:
+        return f"; bucket: unknown ({err})"
+    if bucket is None:
+        return ""
+    return f"; {bucket.url_of(st.run_id)}: " + (f"step {ref.step}" if ref else "no checkpoint")
 
 
 def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
