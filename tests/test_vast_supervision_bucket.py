@@ -86,3 +86,41 @@ def test_a_newer_bucket_checkpoint_is_fetched_before_a_recovery(
     assert said == [f"fetched checkpoint step 20 from {where} to {fetched}"]
     bucket_state.fetch_newer(bucket, "r1", home, said.append)
     assert len(said) == 1
+
+
+def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """`fab logs --run ID` with no instance left: the log the instance uploaded to the run's
+    bucket (named in the run config), rendered; without a bucket copy, the local one."""
+    import io
+
+    from tests.deploy_fixtures import REPO
+    from ups.deploy.vast.ops import saved_log
+
+    bucket = _bucket(s3_server)
+    overrides = [f"checkpoint_sync.url={s3_server.url('runs')}",
+                 f"checkpoint_sync.endpoint_url={s3_server.endpoint_url}"]  # fmt: skip
+    state = supervision.State(
+        run_id="r1", host="vast", config=str(REPO / "configs" / "demo.yaml"), hosts_file=None,
+        overrides=overrides, exit_code=0,
+    )  # fmt: skip
+    runs = tmp_path / "runs"
+    supervision.Supervision(runs / "r1" / supervision.FILE, state).save()
+    assert saved_log("r2", runs) is None  # nothing known of r2: the plain error stands
+    line = {"event": "train_step", "step": 7, "train/loss": 0.5, "level": "info"}
+    bucket.put_bytes("r1/logs/launch.log", (json.dumps(line) + "\n").encode())
+    replay = saved_log("r1", runs)
+    assert replay is not None
+    out = io.StringIO()
+    assert replay(out) == 0
+    text = out.getvalue()
+    assert f"its log as saved in {bucket.url_of('r1/logs/launch.log')}" in text
+    assert "train_step" in text and "step=7" in text and "{" not in text
+    bucket.delete("r1/logs/launch.log")
+    (runs / "r1" / "logs").mkdir()
+    (runs / "r1" / "logs" / "launch.log").write_text("plain line\n")
+    out = io.StringIO()
+    replay = saved_log("r1", runs)
+    assert replay is not None and replay(out) == 0
+    assert f"saved in {runs / 'r1' / 'logs' / 'launch.log'}:\nplain line" in out.getvalue()

@@ -6,11 +6,13 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from ups.console.format import render_line
 from ups.deploy.deploy_plan import load_run_config
-from ups.deploy.errors import DeployError
+from ups.deploy.errors import DeployError, HostGone
 from ups.deploy.hosts import HostSpec
 from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
@@ -242,10 +244,45 @@ def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
     ]
     if not running:
         what = f"run {run_id}" if run_id else f"host {spec.name!r}"
-        raise DeployError(
+        raise HostGone(
             f"no running Vast instance for {what}: `fab instances` lists what exists; "
-            f"`fab deploy --host {spec.name}` rents one."
+            f"`fab deploy --host {spec.name}` rents one.",
+            replay=saved_log(run_id) if run_id else None,
         )
     inst = min(running, key=lambda i: i.duration_s)
     assert inst.ssh_host and inst.ssh_port
     return container_spec(spec, inst.ssh_host, inst.ssh_port)
+
+
+def saved_log(run_id: str, runs_dir: Path = Path("runs")) -> Callable[[TextIO], int] | None:
+    """``fab logs`` for a run whose instance is gone: the log its instance uploaded to the
+    run's bucket, else the one its supervisor streamed into the local run directory."""
+    state = supervision.load(runs_dir / run_id)
+    local = runs_dir / run_id / "logs" / "launch.log"
+    if state is None and not local.exists():
+        return None
+
+    def replay(out: TextIO) -> int:
+        data, source = None, str(local)
+        if state is not None:
+            from ups.bucket import BucketError
+
+            try:
+                bucket = bucket_state.open_for(
+                    load_run_config(Path(state.config), tuple(state.overrides))
+                )
+                key = f"{run_id}/logs/launch.log"
+                if bucket is not None and (data := bucket.get_bytes(key)) is not None:
+                    source = bucket.url_of(key)
+            except (DeployError, BucketError) as err:
+                out.write(f"warning: the run's bucket could not be read ({err})\n")
+        if data is None:
+            if not local.exists():
+                raise DeployError(f"run {run_id} has no running instance and no saved log")
+            data = local.read_bytes()
+        out.write(f"run {run_id} has no running instance; its log as saved in {source}:\n")
+        for line in data.decode("utf-8", "replace").splitlines():
+            out.write(render_line(line, colors=out.isatty()) + "\n")
+        return state.exit_code if state is not None and state.exit_code is not None else 0
+
+    return replay
