@@ -17,6 +17,7 @@ from typing import TextIO
 
 from ups.deploy.errors import UsageError
 from ups.deploy.vast import supervision
+from ups.runid import run_id_problem
 
 LOG = "supervisor.log"
 
@@ -42,6 +43,8 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
     from ups.deploy.hosts import get_host
     from ups.deploy.vast import ops
 
+    if problem := run_id_problem(run_id):
+        raise UsageError(f"RUN_ID: {problem}.")
     state = supervision.load(runs_dir / run_id)
     if state is None:
         raise UsageError(
