@@ -12,7 +12,7 @@ from typing import TextIO
 
 from ups.console.format import render_line
 from ups.deploy.deploy_plan import load_run_config
-from ups.deploy.errors import DeployError, HostGone
+from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.hosts import HostSpec
 from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
@@ -90,6 +90,11 @@ def deploy(
     held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
     try:
         if detach and known:  # the run exists: its background supervisor picks it up
+            if sup.state.ended:
+                raise UsageError(
+                    f"run {plan.run_id} already ended ({sup.state.ended}; {sup.path}). Start "
+                    "a new run with another --run ID (or without --run)."
+                )
             code = 0
         else:
             lifecycle = Lifecycle(api, plan, known_hosts, out)
