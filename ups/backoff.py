@@ -66,6 +66,8 @@ LOG_STREAM = Policy("log_stream", first=0.25, factor=2.0, max_s=8.0)
 """Reconnecting a dropped log stream: the first retry fast, a dead link not hammered."""
 LAUNCH_RESTART = Policy("launch_restart", first=10.0, factor=2.0, max_s=300.0)
 """Relaunching torchrun in place after a retryable failure (``first`` comes from the plan)."""
+BUCKET_SYNC = Policy("bucket_sync", first=2.0, factor=2.0, max_s=60.0)
+"""Uploading to a bucket that did not answer: training goes on, the uploads catch up."""
 
 POLICIES = {
     p.name: p
@@ -77,5 +79,6 @@ POLICIES = {
         VAST_SSH,
         LOG_STREAM,
         LAUNCH_RESTART,
+        BUCKET_SYNC,
     )
 }

@@ -88,6 +88,9 @@ class Outcome:
     training: dict[str, Any] | None = None
     """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
     ``oom_policy``; null when it ended before training was set up."""
+    checkpoint_sync: dict[str, Any] | None = None
+    """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
+    ``pending`` (on this host only) and whether the final upload completed."""
 
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ups.bucket.store import BucketError, BucketUnreachable
 from ups.outcome import EXIT_CONFIG, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SAVE_FAILED, Outcome
 
 
@@ -139,3 +140,11 @@ def api_retryable(call: str, status: int | None) -> bool:
     answer, a connection error or timeout) is tried again."""
     rule = API_RETRY.get(call, API_RETRY["default"])
     return status is None or status in rule.statuses
+
+
+def bucket_retryable(exc: BucketError) -> bool:
+    """Whether a failed bucket operation is worth another try (``ups.backoff.BUCKET_SYNC``):
+    the endpoint did not answer, timed out, throttled or answered 5xx. Missing credentials,
+    a refused key, a missing bucket would fail the same way again: the uploader stops and
+    says so (training goes on)."""
+    return isinstance(exc, BucketUnreachable)

@@ -23,6 +23,7 @@ COMMANDS = {
     "instances": ("ups.cli.deploy:instances", "list ups's Vast instances (fab instances)"),
     "down": ("ups.cli.deploy:down", "destroy ups's Vast instances (fab down)"),
     "hosts": ("ups.cli.hosts", "Vast machines that failed here and are skipped (host ledger)"),
+    "supervise": ("ups.cli.supervise", "follow and recover a vast run (--detach starts it)"),
 }
 
 

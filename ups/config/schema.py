@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from ups.bucket.store import parse_url
 from ups.grace import DEFAULT_STOP_GRACE_S
 from ups.runid import validate_run_id
 
@@ -214,6 +215,32 @@ class CheckpointConfig(_Strict):
     anything else that differs is refused. ``world_size``/``batch`` remap the data position."""
 
 
+def _bucket_url(url: str | None) -> str | None:
+    if url is not None:
+        parse_url(url)  # raises ValueError naming the form to write
+    return url
+
+
+class CheckpointSyncConfig(_Strict):
+    """Checkpoints leave the host as they are written (docs/managed-runs.md)."""
+
+    url: Annotated[str | None, AfterValidator(_bucket_url)] = None
+    """``s3://bucket/prefix``: rank 0 uploads every committed checkpoint (digest or
+    manifest last), the logs, ``outcome.json`` and the W&B offline directory to
+    ``<url>/<run_id>/`` in the background; ``checkpoint.keep_last`` applies there too.
+    Credentials: boto3's chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_PROFILE``, ``AWS_SHARED_CREDENTIALS_FILE``). Default: off."""
+    endpoint_url: str | None = None
+    """The S3 API endpoint of a store other than AWS (R2, B2, MinIO...), e.g.
+    ``https://<account>.r2.cloudflarestorage.com``; default: AWS, or ``AWS_ENDPOINT_URL``."""
+    flush_timeout_s: float = Field(300.0, ge=0.0)
+    """At the end of the run, how long rank 0 waits for uploads still in flight (the
+    outcome says what was not uploaded)."""
+    resume: bool = True
+    """With ``checkpoint.resume``: when the bucket holds a newer committed checkpoint of
+    this run id than the run directory (a new host), fetch it and resume from it."""
+
+
 class CacheConfig(_Strict):
     enabled: bool = False
     """Train the operator on precomputed latents (encoders frozen) instead of raw grids."""
@@ -283,6 +310,8 @@ class Config(_Strict):
     """Backend, timeouts, master port and workers per node."""
     checkpoint: CheckpointConfig = CheckpointConfig()
     """How often checkpoints are written, how many are kept, and resuming."""
+    checkpoint_sync: CheckpointSyncConfig = CheckpointSyncConfig()
+    """Uploading checkpoints, logs and the outcome to an S3-compatible bucket."""
     cache: CacheConfig = CacheConfig()
     """Training on precomputed latents instead of raw grids."""
     wandb: WandbConfig = WandbConfig()

@@ -8,6 +8,9 @@ otherwise the run's own exit code (0 finished, 75 preempted, 1 failed...); 130 C
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TextIO
+
 EXIT_USAGE = 2
 """A run config, hosts file or flag is wrong; the message names the key and the fix."""
 EXIT_DEPLOY = 3
@@ -22,6 +25,15 @@ class DeployError(Exception):
     """A problem the user fixes (unreachable host, changed key...); the message says how."""
 
     exit_code = EXIT_DEPLOY
+
+
+class HostGone(DeployError):
+    """The host a follow-up task needs is gone; ``replay`` (when set) writes what the run
+    left elsewhere (its log in its bucket or its local run directory) and returns a code."""
+
+    def __init__(self, message: str, replay: Callable[[TextIO], int] | None = None) -> None:
+        super().__init__(message)
+        self.replay = replay
 
 
 class UsageError(DeployError):

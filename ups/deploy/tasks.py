@@ -15,7 +15,7 @@ from typing import TextIO
 
 from ups.deploy import group, kinds, operate
 from ups.deploy.deploy_plan import check_run_flag
-from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, UsageError
+from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, HostGone, UsageError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.hosts import get_hosts
 from ups.deploy.request import DeployRequest, refuse_unsupported
@@ -137,7 +137,12 @@ def logs(
 ) -> int:
     check_run_flag(run)
     mirror = Path(save) if save else None
-    return _on_each(host, hosts_file, out, lambda t: operate.logs(t, run, mirror), run)
+    try:
+        return _on_each(host, hosts_file, out, lambda t: operate.logs(t, run, mirror), run)
+    except HostGone as gone:  # e.g. a vast run whose instance is gone: its saved log
+        if gone.replay is None:
+            raise
+        return gone.replay(out)
 
 
 def status(

@@ -116,6 +116,8 @@ class Trainer:
         self.total_steps = total_steps(cfg, loader.steps_per_epoch)
         self.checkpoint_extra: Callable[[], dict[str, Any]] = dict
         """More entries for every checkpoint (``ups.train.resume``: CUDA RNG, run facts)."""
+        self.after_save: Callable[[Path], None] = lambda path: None
+        """Rank 0, after each checkpoint is committed (``checkpoint_sync``'s uploader)."""
         self.fail_on_oom = cfg.training.oom_policy == "fail"
         """DDP all-reduces during the backward; an OOM ends the run (no agreement first)."""
         self.scaler = make_scaler(cfg.training.precision, device)
@@ -171,6 +173,8 @@ class Trainer:
             )
             return None
         log.info("checkpoint_saved", path=str(path), step=self.state.step)
+        if self.env.is_rank0:  # rank 0 commits a sharded checkpoint too
+            self.after_save(path)
         return path
 
     def checkpoint(self) -> Path | None:

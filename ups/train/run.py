@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from ups.bucket.uploader import Uploader
 from ups.config import Config
 from ups.data.loader import MultiTaskLoader, build_loader
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
@@ -40,6 +42,12 @@ from ups.outcome import (
     write_outcome,
 )
 from ups.rundir import mark_latest, resolve_run_id
+from ups.train.bucket_sync import (
+    final_sync_timeout,
+    finish_run_files,
+    flush_checkpoints,
+    start_sync,
+)
 from ups.train.cache import load_cache
 from ups.train.compile import compile_check, compile_model
 from ups.train.evaluate import evaluate
@@ -302,13 +310,23 @@ def _failure(
     )
 
 
-def _finish(outcome: Outcome, env: DistEnv, run_dir: Path | None, tracker: Tracker) -> None:
-    if env.is_rank0 and run_dir is not None:
+def _finish(run: _Run, outcome: Outcome, env: DistEnv, tracker: Tracker, cfg: Config) -> None:
+    """The outcome, W&B's end; with a bucket, rank 0 first waits (bounded) for the
+    checkpoints (the outcome says what reached it), then sends the outcome and logs."""
+    outcome = run.stamp(outcome)
+    deadline = time.monotonic() + (timeout := final_sync_timeout(cfg, outcome))
+    if run.uploader is not None:
+        report = flush_checkpoints(run.uploader, timeout)
+        outcome = dataclasses.replace(outcome, checkpoint_sync=report.as_dict())
+    if env.is_rank0 and run.run_dir is not None:
         try:
-            write_outcome(run_dir, outcome)
+            write_outcome(run.run_dir, outcome)
         except OSError as exc:  # e.g. the disk that just filled up: the console still says it
-            log.error("outcome_not_written", path=str(run_dir / "outcome.json"), error=str(exc))
+            path = str(run.run_dir / "outcome.json")
+            log.error("outcome_not_written", path=path, error=str(exc))
     tracker.finish(outcome.exit_code)
+    if run.uploader is not None:
+        finish_run_files(run.uploader, max(deadline - time.monotonic(), 5.0))
     level = {"finished": "info", "preempted": "warning", "failed": "error"}[outcome.outcome]
     getattr(log, level)(
         "outcome", outcome=outcome.outcome, reason=outcome.reason, exit_code=outcome.exit_code
@@ -325,6 +343,8 @@ class _Run:
         self.trainer: Trainer | None = None
         self.resumed_from: dict[str, Any] | None = None
         self.training: dict[str, Any] | None = None
+        self.uploader: Uploader | None = None
+        """Rank 0 with ``checkpoint_sync.url``: the bucket's uploader."""
         self.enter("init")
 
     def enter(self, phase: str) -> None:
@@ -364,9 +384,9 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         failure = _failure(exc, cfg, env, run.step, run.run_id)
         if failure.cause == "exception" and failure.failed_rank == env.rank:
             publish_failure(env.rank, failure.reason.split(": ", 1)[-1])
-        _finish(run.stamp(failure), env, run.run_dir, tracker)
+        _finish(run, failure, env, tracker, cfg)
         raise
-    _finish(run.stamp(outcome), env, run.run_dir, tracker)
+    _finish(run, outcome, env, tracker, cfg)
     if outcome.outcome != "preempted":  # a preempted worker exits while torchrun stops it
         shutdown_distributed()
     return outcome.exit_code
@@ -407,6 +427,9 @@ def _build(
         cfg, env, infos, device, loader=loader, tracker=tracker, stop=stop,
         checkpoint_dir=checkpoints, injector=injector,
     )  # fmt: skip
+    if env.is_rank0 and (uploader := start_sync(cfg, run.run_id, run.run_dir)) is not None:
+        run.uploader = uploader  # after fetching a newer checkpoint from the bucket, if any
+        run.trainer.after_save = lambda _path: uploader.notify()
     run.resumed_from = _resume(run.trainer, cfg, env, checkpoints)
     if cfg.training.compile:
         run.enter("compile")

@@ -40,6 +40,7 @@ class Vast:
             detach=not request.follow,
             skip_preflight=request.skip_preflight,
             mirror=request.save,
+            hosts_file=request.hosts_file,
         )
 
     def attach(self, spec: HostSpec, run: str | None) -> HostSpec:

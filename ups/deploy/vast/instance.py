@@ -57,6 +57,7 @@ class Instance:
     ssh_port: int | None
     dph_total: float
     duration_s: float
+    machine_id: int | None = None
 
     @classmethod
     def from_api(cls, row: dict[str, Any]) -> Instance:
@@ -72,6 +73,7 @@ class Instance:
             ssh_port=int(port) if port else None,
             dph_total=float(row.get("dph_total") or 0.0),
             duration_s=max(0.0, float(row.get("duration") or 0.0)),
+            machine_id=int(row["machine_id"]) if row.get("machine_id") else None,
         )
 
     @property

@@ -22,15 +22,19 @@ import posixpath
 import time
 from pathlib import Path
 
+import psutil
+
+from ups.bucket import Bucket
 from ups.deploy import operate
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
 from ups.deploy.hosts import HostSpec
-from ups.deploy.runs import read_result
+from ups.deploy.runs import existing, read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
+from ups.deploy.vast.bucket_state import fetch_newer
 from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
 from ups.deploy.vast.faults import HostFault, Side, failed_checks, preflight_side
 from ups.deploy.vast.instance import State
@@ -44,6 +48,8 @@ from ups.deploy.vast.monitor import (
     _event,
 )
 from ups.deploy.vast.rental import Lifecycle, signals_interrupt
+from ups.deploy.vast.rental_plan import container_spec
+from ups.deploy.vast.supervision import Supervision
 from ups.deploy.vast.sync import CheckpointSync, Synced, newest_good
 from ups.deploy.vast.tries import rent
 from ups.retry import retry_verdict
@@ -55,8 +61,17 @@ _LOST_ERRORS = (DeployError, OSError, EOFError)
 class Keeper:
     """Runs the plan on one instance after another until the run ends or the bounds do."""
 
-    def __init__(self, lifecycle: Lifecycle, env: dict[str, str], watchdog_key: str | None):
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        env: dict[str, str],
+        watchdog_key: str | None,
+        sup: Supervision,
+        bucket: Bucket | None = None,
+    ):
         self.lc = lifecycle
+        self.sup = sup
+        self.bucket = bucket
         self.env = env
         self.watchdog_key = watchdog_key
         plan = lifecycle.plan
@@ -64,10 +79,11 @@ class Keeper:
         self.run_dir = plan.local_runs / plan.run_id
         self.log = LocalLog(self.run_dir / "logs" / "launch.log")
         self.legs: list[Leg] = []
-        self.recoveries = 0
+        self.recoveries = sup.state.recoveries
         self.lost_offers: set[int] = set()
         self.downtime_s = 0.0
-        self.steps_lost = 0
+        self.steps_lost = sup.state.steps_lost
+        self.started = process_started()
         self.synced: list[Synced] = []
         self.pending: Pending | None = None
 
@@ -80,26 +96,46 @@ class Keeper:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> int:
-        self.continue_local()
+        from ups.deploy.vast.pickup import pick_up  # the first step of every supervisor
+
+        leg = pick_up(self)
         while True:
             try:
-                return rent(self.lc, lambda instance_id: self.on_instance(self.leg(instance_id)))
+                if leg is not None:
+                    return self.on_instance(leg)
+                return rent(self.lc, self.on_rented)
             except InstanceLost as lost:
                 self.recover(self.legs[-1], lost.reason)
+                leg = None
 
     def leg(self, instance_id: int) -> Leg:
-        """Count a new instance of this run (for the summary's cost and recoveries)."""
+        """Count a new instance of this run (the summary's cost and recoveries) and record
+        it in the supervision state before anything else can fail."""
         leg = Leg(instance_id, self.lc.plan.price)
         self.legs.append(leg)
+        offer = self.lc.plan.offer
+        self.sup.rented(instance_id, offer.id, offer.machine_id, leg.price)
         return leg
+
+    def on_rented(self, instance_id: int) -> int:
+        """Train on a freshly rented instance; a bad host is ended in the state too (the
+        rental destroys it and takes the next offer)."""
+        try:
+            return self.on_instance(self.leg(instance_id))
+        except HostFault as fault:
+            self.sup.instance_ended(instance_id, f"bad host: {fault.reason}")
+            raise
+
+    def since_start(self) -> str:
+        return f"{time.time() - self.started:.1f} s after this supervisor started"
 
     def on_instance(self, leg: Leg) -> int:
         """Boot, resume and follow on one instance; a loss raises :class:`InstanceLost`."""
         monitor = Monitor(self.lc.api, leg.instance_id, self.spec.monitor_s)
         try:
-            target = self.boot(leg)
+            target = self.attach(leg) if leg.attach else self.boot(leg)
             monitor.start()
-            return self.train(target, monitor)
+            return self.train(target, monitor, attach=leg.attach)
         except InstanceFailed as err:
             # Never running, image pull failed, SSH never answering: deterministic, not a
             # loss. Outbid or gone while booting is one.
@@ -117,39 +153,64 @@ class Keeper:
     def boot(self, leg: Leg) -> Target:
         deadline = time.monotonic() + self.spec.boot_timeout_s
         inst = self.lc.wait_running(leg.instance_id, deadline)
+        self.sup.machine(leg.instance_id, inst.machine_id)
         self._mark("running")
         target = self.lc.wait_ssh(inst, deadline)
         self.lc.prepare(target, self.watchdog_key)
         self.upload(target)
         return target
 
+    def attach(self, leg: Leg) -> Target:
+        """The instance a previous supervisor rented, as it is (its host key was recorded
+        when that supervisor first reached it)."""
+        inst = self.lc.wait_running(leg.instance_id, time.monotonic() + self.spec.boot_timeout_s)
+        assert inst.ssh_host and inst.ssh_port  # wait_running returns only with an address
+        spec = container_spec(self.spec, inst.ssh_host, inst.ssh_port)
+        return Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+
     def plan_on(self, target: Target) -> DeployPlan:
         return self.lc.plan.replan(target.spec, self.run_id)
 
-    def train(self, target: Target, monitor: Monitor) -> int:
-        """Launch and follow; relaunch here while the run ends with a retryable cause."""
+    def train(self, target: Target, monitor: Monitor, attach: bool = False) -> int:
+        """Launch and follow; relaunch here while the run ends with a retryable cause.
+
+        ``attach``: the instance was rented by an earlier supervisor; a run already there
+        (alive or ended) is followed from where the local log stops, never launched again.
+        """
         spec = target.spec
         while True:
             conn = target.connect()
             try:
-                plan, _ = operate.prepare(
-                    target,
-                    conn,
-                    self.plan_on(target),
-                    env=self.env,
-                    replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
-                )
-                operate.launch(target, conn, plan)
+                found = existing(target, conn, self.run_id) if attach else None
+                if found is None:
+                    plan, _ = operate.prepare(
+                        target,
+                        conn,
+                        self.plan_on(target),
+                        env=self.env,
+                        replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
+                    )
+                    operate.launch(target, conn, plan)
+                else:
+                    plan = self.plan_on(target)
             except PreflightFailed as err:
                 raise host_or_user(err) from None
             finally:
                 conn.close()
-            self._mark("started")
+            if found is None:
+                self._mark("started")
+            else:
+                self.say(
+                    f"following run {self.run_id} on instance {monitor.instance_id} "
+                    f"({'alive' if found.alive else 'ended'}), {self.since_start()}"
+                )
+            attach = False
             sync = CheckpointSync(
                 target,
                 posixpath.join(plan.remote.run_dir, "checkpoints"),
                 self.run_dir / "checkpoints",
                 self.say,
+                then=lambda got: self.sup.synced(got.step),
             )
             sync.start(spec.sync_every_s)
             try:
@@ -219,7 +280,10 @@ class Keeper:
             if p.number:
                 self.downtime_s += p.marks["first_step"]
             split = ", ".join(f"{k} {v:.1f} s" for k, v in p.marks.items())
-            self.say(f"recovery {p.number}: run {self.run_id} resumed; since detection: {split}")
+            self.say(
+                f"recovery {p.number}: run {self.run_id} resumed; since detection: {split}; "
+                f"{self.since_start()}"
+            )
 
     def _mark(self, phase: str) -> None:
         if self.pending is not None:
@@ -256,15 +320,12 @@ class Keeper:
         detected = time.monotonic()
         leg.ended = detected
         self.say(f"instance {leg.instance_id} lost: {reason} (about ${leg.cost():.4f} spent on it)")
-        stale = "stop" if self.spec.on_exit == "keep" else self.spec.on_exit
-        try:  # never two instances training one run: a resumed bid instance must not
-            self.lc.end(leg.instance_id, stale, f"lost: {reason}")
-        except DeployError as err:
-            self.say(f"warning: could not {stale} lost instance {leg.instance_id} yet: {err}")
+        self.end_lost(leg.instance_id, reason)
         self.lost_offers.add(self.lc.plan.offer.id)
         self.count(reason)
         self.pending = self.resume_point(reason, leg.instance_id, detected)
         self.pending.lost_cost = leg.cost()
+        self.sup.recovered(self.recoveries, self.steps_lost)
         self.lc.plan = self.lc.plan.with_next_offer(self.lc.api, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
@@ -272,8 +333,20 @@ class Keeper:
             f"recompute) on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
         )
 
+    def end_lost(self, instance_id: int, reason: str) -> None:
+        """Stop or destroy a lost instance and record that it ended."""
+        stale = "stop" if self.spec.on_exit == "keep" else self.spec.on_exit
+        try:  # never two instances training one run: a resumed bid instance must not
+            self.lc.end(instance_id, stale, f"lost: {reason}")
+        except DeployError as err:
+            self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
+        self.sup.instance_ended(instance_id, f"lost: {reason}")
+
     def resume_point(self, reason: str, instance: int | None, detected: float) -> Pending:
-        """The newest good checkpoint here; the log cut back to it and marked."""
+        """The newest good checkpoint here (the bucket's first, when newer); the log cut
+        back to it and marked."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
         newest = newest_good(self.run_dir / "checkpoints")
         step, path = newest if newest else (0, None)
         lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
@@ -344,6 +417,8 @@ def run(
     env: dict[str, str],
     skip_preflight: bool,
     watchdog_key: str | None,
+    sup: Supervision,
+    bucket: Bucket | None = None,
     mirror: Path | None = None,
 ) -> int:
     """The whole deploy; ends every instance on every path and returns the run's exit code.
@@ -353,7 +428,7 @@ def run(
     """
     del skip_preflight
     plan = lifecycle.plan
-    keeper = Keeper(lifecycle, env, watchdog_key)
+    keeper = Keeper(lifecycle, env, watchdog_key, sup, bucket)
     reason = "run ended"
     code = 1
     try:
@@ -361,6 +436,7 @@ def run(
             if not plan.deploy.follow:
                 return _detached(lifecycle, keeper, env, mirror)
             code = keeper.run()
+            sup.finished(f"exit {code}", code)
     except KeyboardInterrupt as exc:
         reason = f"interrupted ({exc or 'Ctrl-C'})"
         problems = _end_all(lifecycle, keeper, reason)
@@ -392,6 +468,9 @@ def host_or_user(err: PreflightFailed) -> DeployError:
 def _end_all(lifecycle: Lifecycle, keeper: Keeper, reason: str) -> list[str]:
     keeper.log.close()
     problems = lifecycle.teardown(reason)
+    if lifecycle.plan.spec.on_exit != "keep":
+        for instance_id in lifecycle.created:
+            keeper.sup.instance_ended(instance_id, reason)
     if keeper.legs:
         lifecycle.say(keeper.summary())
     return problems
@@ -426,3 +505,9 @@ def _detached(
         f"max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` ends it now."
     )
     return code
+
+
+def process_started() -> float:
+    """When this process started (epoch): the clock of "seconds after the supervisor
+    started", imports included."""
+    return psutil.Process().create_time()

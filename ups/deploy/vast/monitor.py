@@ -189,6 +189,8 @@ class Leg:
     price: float
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    attach: bool = False
+    """Rented by an earlier supervisor: follow what runs there, boot nothing."""
 
     def cost(self) -> float:
         return self.price * ((self.ended or time.monotonic()) - self.started) / 3600.0

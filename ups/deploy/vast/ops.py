@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy.errors import DeployError
+from ups.console.format import render_line
+from ups.deploy.deploy_plan import load_run_config
+from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.hosts import HostSpec
+from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
@@ -43,7 +50,11 @@ def deploy(
     detach: bool,
     skip_preflight: bool,
     mirror: Path | None,
+    hosts_file: str | None = None,
+    mode: str = "following",
 ) -> int:
+    """Plan, then supervise the run (``mode`` says how: ``following`` in a terminal, or
+    ``detached`` for ``ups supervise``); a detached deploy leaves a supervisor behind."""
     env = dict(os.environ)
     api = VastApi(spec.vast_url)
     watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
@@ -61,11 +72,53 @@ def deploy(
     out.flush()
     if dry_run:
         return 0
-    lifecycle = Lifecycle(api, plan, known_hosts, out)
-    code = run(
-        lifecycle, env=env, skip_preflight=skip_preflight, watchdog_key=watchdog_key, mirror=mirror
+    run_dir = plan.local_runs / plan.run_id
+    fresh = supervision.State(
+        run_id=plan.run_id,
+        host=spec.name,
+        config=str(config.resolve()),
+        hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None,
+        overrides=list(overrides),
     )
-    lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+    bucket = bucket_state.open_for(plan.cfg)
+
+    def say(text: str) -> None:
+        out.write(text + "\n")
+
+    mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
+    sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
+    held = lease.Lease(run_dir, plan.run_id, mode, bucket)
+    held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
+    try:
+        if detach and known:  # the run exists: its background supervisor picks it up
+            if sup.state.ended:
+                raise UsageError(
+                    f"run {plan.run_id} already ended ({sup.state.ended}; {sup.path}). Start "
+                    "a new run with another --run ID (or without --run)."
+                )
+            code = 0
+        else:
+            lifecycle = Lifecycle(api, plan, known_hosts, out)
+            sup.save()
+            code = run(
+                lifecycle,
+                env=env,
+                skip_preflight=skip_preflight,
+                watchdog_key=watchdog_key,
+                sup=sup,
+                bucket=bucket,
+                mirror=mirror,
+            )
+            lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+    finally:
+        held.release()
+    if detach:
+        pid = background.start(plan.local_runs, plan.run_id)
+        out.write(
+            f"supervisor pid {pid} follows run {plan.run_id} in the background (log "
+            f"{run_dir / background.LOG}): it syncs checkpoints and recovers the run if the "
+            f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
+        )
     return code
 
 
@@ -75,13 +128,19 @@ def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
     return [i for i in found if i.run and (host is None or i.run[0] == host)]
 
 
-def instances(spec: HostSpec, out: TextIO, ledger: bool = False) -> int:
-    """The ups instances on the account; with ``ledger`` also the machines that failed."""
+def instances(
+    spec: HostSpec, out: TextIO, ledger: bool = False, runs_dir: Path = Path("runs")
+) -> int:
+    """The ups instances on the account, with each run's supervisor under ``runs_dir``; with
+    ``ledger`` also the machines that failed."""
     if ledger:
         book = Ledger()
         out.write(f"host ledger: {book.path}\n{render(book.read(), spec.ledger_ttl_h)}\n\n")
     api = VastApi(spec.vast_url)
     rows = ups_instances(api)
+    runs = supervision.all_runs(runs_dir)
+    if runs:
+        out.write(describe_runs(runs, runs_dir) + "\n")
     if not rows:
         out.write("no ups instances on this Vast account\n")
         return 0
@@ -101,21 +160,86 @@ def instances(spec: HostSpec, out: TextIO, ledger: bool = False) -> int:
     return 0
 
 
+def describe_runs(runs: list[supervision.State], runs_dir: Path) -> str:
+    """One line per supervised run: who supervises it, its newest checkpoint, cost so far."""
+    now = time.time()
+    header = (
+        f"{'run':<32} {'supervisor':<34} {'recoveries':>10}  {'last checkpoint':<24} {'cost':>8}"
+    )
+    lines = [f"supervised runs in {runs_dir}/:", header]
+    for st in runs:
+        held = lease.holder(runs_dir / st.run_id)
+        who = (
+            f"{held.mode} (pid {held.pid})"
+            if held
+            else ("ended: " + st.ended if st.ended else "none")
+        )
+        last = st.checkpoints[-1] if st.checkpoints else None
+        ckpt = f"step {last.step}, {now - last.at:.0f} s ago ({last.where})" if last else "-"
+        lines.append(
+            f"{st.run_id:<32} {who:<34} {st.recoveries:>10}  {ckpt:<24} ${st.cost():>7.4f}"
+            + _in_bucket(st)
+        )
+    return "\n".join(lines)
+
+
+def _in_bucket(st: supervision.State) -> str:
+    """``; bucket: step N`` for a run whose config names a bucket (one listing)."""
+    from ups.bucket import BucketError, newest_checkpoint
+
+    try:
+        bucket = bucket_state.open_for(load_run_config(Path(st.config), tuple(st.overrides)))
+        ref = newest_checkpoint(bucket, st.run_id) if bucket else None
+    except (DeployError, BucketError, OSError) as err:
+        return f"; bucket: unknown ({err})"
+    if bucket is None:
+        return ""
+    return f"; {bucket.url_of(st.run_id)}: " + (f"step {ref.step}" if ref else "no checkpoint")
+
+
 def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     api = VastApi(spec.vast_url)
+    runs_dir = Path("runs")
     wanted = label_for(spec.name, run_id) if run_id else None
     targets = [i for i in ups_instances(api, spec.name) if wanted is None or i.label == wanted]
+    for st in supervision.all_runs(runs_dir):
+        if st.host == spec.name and run_id in (None, st.run_id):
+            _stop_supervisor(runs_dir / st.run_id, out)
     if not targets:
         what = f"run {run_id}" if run_id else f"host {spec.name}"
         out.write(f"no instances for {what}: nothing to destroy\n")
         return 0
     for inst in targets:
-        api.destroy(inst.id)
+        by = ""
+        if api.show(inst.id) is None:
+            by = " by its supervisor"  # on_exit destroy: it ended the instance on SIGTERM
+        else:
+            api.destroy(inst.id)
         out.write(
-            f"destroyed instance {inst.id} ({inst.label}), about ${inst.cost_so_far:.2f} so far\n"
+            f"destroyed instance {inst.id} ({inst.label}){by}, about "
+            f"${inst.cost_so_far:.2f} so far\n"
         )
+        if inst.run is not None and (saved := supervision.load(runs_dir / inst.run[1])):
+            # Ended on purpose: a later deploy of the run continues it without counting a
+            # recovery.
+            supervision.Supervision(
+                runs_dir / inst.run[1] / supervision.FILE, saved
+            ).instance_ended(inst.id, "destroyed by fab down")
     return 0
+
+
+def _stop_supervisor(run_dir: Path, out: TextIO) -> None:
+    """SIGTERM the run's background supervisor here (it ends its instance per on_exit and
+    exits), so it does not recover the run that `fab down` is ending."""
+    held = lease.holder(run_dir)
+    if held is None or held.host != socket.gethostname():
+        return
+    os.kill(held.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while lease.holder(run_dir) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the supervisor ending its instance, then exiting
+    out.write(f"stopped the {held.describe()}\n")
 
 
 def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
@@ -133,10 +257,45 @@ def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
     ]
     if not running:
         what = f"run {run_id}" if run_id else f"host {spec.name!r}"
-        raise DeployError(
+        raise HostGone(
             f"no running Vast instance for {what}: `fab instances` lists what exists; "
-            f"`fab deploy --host {spec.name}` rents one."
+            f"`fab deploy --host {spec.name}` rents one.",
+            replay=saved_log(run_id) if run_id else None,
         )
     inst = min(running, key=lambda i: i.duration_s)
     assert inst.ssh_host and inst.ssh_port
     return container_spec(spec, inst.ssh_host, inst.ssh_port)
+
+
+def saved_log(run_id: str, runs_dir: Path = Path("runs")) -> Callable[[TextIO], int] | None:
+    """``fab logs`` for a run whose instance is gone: the log its instance uploaded to the
+    run's bucket, else the one its supervisor streamed into the local run directory."""
+    state = supervision.load(runs_dir / run_id)
+    local = runs_dir / run_id / "logs" / "launch.log"
+    if state is None and not local.exists():
+        return None
+
+    def replay(out: TextIO) -> int:
+        data, source = None, str(local)
+        if state is not None:
+            from ups.bucket import BucketError
+
+            try:
+                bucket = bucket_state.open_for(
+                    load_run_config(Path(state.config), tuple(state.overrides))
+                )
+                key = f"{run_id}/logs/launch.log"
+                if bucket is not None and (data := bucket.get_bytes(key)) is not None:
+                    source = bucket.url_of(key)
+            except (DeployError, BucketError) as err:
+                out.write(f"warning: the run's bucket could not be read ({err})\n")
+        if data is None:
+            if not local.exists():
+                raise DeployError(f"run {run_id} has no running instance and no saved log")
+            data = local.read_bytes()
+        out.write(f"run {run_id} has no running instance; its log as saved in {source}:\n")
+        for line in data.decode("utf-8", "replace").splitlines():
+            out.write(render_line(line, colors=out.isatty()) + "\n")
+        return state.exit_code if state is not None and state.exit_code is not None else 0
+
+    return replay

@@ -91,6 +91,8 @@ class CheckpointSync:
     remote_dir: str
     local_dir: Path
     say: Callable[[str], None]
+    then: Callable[[Synced], None] | None = None
+    """Called with each checkpoint once it is verified here (the supervision state)."""
     synced: list[Synced] = field(default_factory=list)
     _conn: Connection | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -162,6 +164,8 @@ class CheckpointSync:
             behind=behind,
         )
         self.synced.append(got)
+        if self.then is not None:
+            self.then(got)
         resumed = f", resumed at {human_bytes(start)}" if start else ""
         self.say(
             f"synced checkpoint step {step}: {human_bytes(got.sent)} in {got.seconds:.2f} s"

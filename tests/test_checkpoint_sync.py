@@ -1,0 +1,205 @@
+"""checkpoint_sync end to end: two real torchrun ranks (gloo, CPU) upload to a real S3 gateway
+on loopback (tests/s3_server.py) through boto3; a run on a "new host" (an empty output
+directory) resumes from the bucket bit-exactly; an outage of the bucket never stops
+training and nothing half-written counts."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import PYTHON, REPO, parse_events, rank_events, torchrun, worker_env
+from tests.lifecycle_helpers import final_model
+from tests.s3_server import S3Server, s3_server
+from ups.bucket import Bucket, committed_checkpoints, fetch_checkpoint, newest_checkpoint
+from ups.bucket.checkpoints import local_checkpoints
+
+__all__ = ["s3_server"]  # fixture used by name below
+
+pytestmark = pytest.mark.slow
+
+
+def _sync(server: S3Server, **extra: Any) -> dict[str, Any]:
+    return {"url": server.url(), "endpoint_url": server.endpoint_url, **extra}
+
+
+def _bucket(server: S3Server) -> Bucket:
+    return Bucket.open(server.url(), endpoint_url=server.endpoint_url)
+
+
+def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    return [e for e in rank_events(run_dir, 0) if e["event"] == name]
+
+
+def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
+    s3_server: S3Server, make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A run uploads each checkpoint with its digest, keeps keep_last in the bucket, and
+    sends outcome.json (saying what was uploaded), the logs and the W&B directory. A run
+    preempted at step 6 or so whose run directory is then lost continues on a "new host" from
+    the bucket, and its final weights equal the uninterrupted run's exactly."""
+    env = s3_server.client_env()
+    common = {
+        "training": {"max_steps": 12},
+        "checkpoint": {"every_steps": 4, "keep_last": 2},
+        "checkpoint_sync": _sync(s3_server),
+    }
+    ref_cfg = make_config(run={"output_dir": str(tmp_path / "a"), "run_id": "ref"}, **common)
+    ref = torchrun(ref_cfg, env=env)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    bucket = _bucket(s3_server)
+    assert [r.name for r in committed_checkpoints(bucket, "ref")] == [
+        "step_000008.pt",
+        "step_000012.pt",
+    ]
+    assert s3_server.objects("runs/ref/checkpoints/") == [
+        "runs/ref/checkpoints/step_000008.pt",
+        "runs/ref/checkpoints/step_000008.pt.sha256",
+        "runs/ref/checkpoints/step_000012.pt",
+        "runs/ref/checkpoints/step_000012.pt.sha256",
+    ]
+    remote = json.loads(bucket.get_bytes("ref/outcome.json") or b"{}")
+    assert remote["outcome"] == "finished"
+    assert remote["checkpoint_sync"]["complete"] is True
+    assert remote["checkpoint_sync"]["pending"] == []
+    assert remote["checkpoint_sync"]["uploaded"][-1] == "step_000012.pt"
+    keys = bucket.list("ref/")
+    assert "ref/logs/rank0.jsonl" in keys and "ref/logs/rank1.jsonl" in keys
+    assert any(k.startswith("ref/wandb/") and k.endswith(".wandb") for k in keys)
+    synced = _events(tmp_path / "a" / "ref", "checkpoint_synced")
+    assert [e["step"] for e in synced] == [4, 8, 12]
+    assert all(e["lag_s"] >= 0 for e in synced)
+    reference = final_model(tmp_path / "a" / "ref")
+
+    first = make_config(run={"output_dir": str(tmp_path / "b"), "run_id": "moved"}, **common)
+    stopped = torchrun(first, env={**env, "UPS_FAULTS": "sigterm@0:6"})
+    assert stopped.returncode != 0
+    # The preemption checkpoint (the step the ranks agreed to stop at: torchrun forwards
+    # SIGTERM asynchronously), flushed within the stop grace.
+    preempted = json.loads((tmp_path / "b" / "moved" / "outcome.json").read_text())
+    assert preempted["outcome"] == "preempted" and preempted["checkpoint_sync"]["complete"]
+    at = newest_checkpoint(bucket, "moved")
+    assert at is not None and at.step == preempted["step"] >= 6
+
+    # A new host: nothing of the run on disk, the same config and run id.
+    second = make_config(run={"output_dir": str(tmp_path / "c"), "run_id": "moved"}, **common)
+    resumed = torchrun(second, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_dir = tmp_path / "c" / "moved"
+    (fetched,) = _events(run_dir, "checkpoint_fetched")
+    assert (fetched["checkpoint"], fetched["step"]) == (at.name, at.step)
+    assert _events(run_dir, "resumed")[0]["step"] == at.step
+    weights = final_model(run_dir)
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(weights[name], tensor), f"{name} differs after resume from the bucket"
+
+
+def test_sharded_checkpoints_go_up_with_their_manifest_last(
+    s3_server: S3Server, make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Under fsdp each .dcp directory reaches the bucket whole (every shard, meta.pt and the
+    manifest); fetched back it holds the same bytes as the run directory's."""
+    cfg = make_config(
+        training={"max_steps": 8, "strategy": "fsdp"},
+        run={"output_dir": str(tmp_path / "a"), "run_id": "sharded"},
+        checkpoint={"every_steps": 4, "keep_last": 2},
+        checkpoint_sync=_sync(s3_server),
+    )
+    done = torchrun(cfg, env=s3_server.client_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    bucket = _bucket(s3_server)
+    refs = committed_checkpoints(bucket, "sharded")
+    assert [(r.name, r.format) for r in refs] == [
+        ("step_000004.dcp", "dcp"),
+        ("step_000008.dcp", "dcp"),
+    ]
+    local = tmp_path / "a" / "sharded" / "checkpoints" / "step_000008.dcp"
+    got = fetch_checkpoint(bucket, refs[-1], tmp_path / "fetched")
+    names = sorted(p.name for p in local.iterdir())
+    assert names == sorted(p.name for p in got.iterdir())
+    assert {"manifest.json", "meta.pt", ".metadata"} <= set(names)
+    for name in names:
+        assert (got / name).read_bytes() == (local / name).read_bytes(), name
+
+
+def _wait(run_dir: Path, proc: subprocess.Popen[str], timeout: float, check: Any) -> None:
+    """Poll rank 0's log (another process writes it) until ``check(events)`` holds."""
+    deadline = time.monotonic() + timeout
+    log = run_dir / "logs" / "rank0.jsonl"
+    while time.monotonic() < deadline:
+        if log.exists() and check(parse_events(log.read_text())):
+            return
+        assert proc.poll() is None, "the run ended early"
+        time.sleep(0.2)
+    raise AssertionError(f"not seen in {log} within {timeout} s")
+
+
+def _named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
+
+
+def test_an_unreachable_bucket_never_stops_training_and_uploads_catch_up(
+    s3_server: S3Server, make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The gateway is stopped after the first upload: training goes on writing checkpoints,
+    the uploader says the bucket is unreachable; started again on the same port, the
+    uploads catch up. Stopped with SIGTERM, the run's outcome says every checkpoint is in
+    the bucket, which holds keep_last committed checkpoints that all verify, and the
+    leftover of an upload cut short (data, no digest) is never taken and is removed."""
+    cfg = make_config(
+        training={"max_steps": 100_000},
+        run={"output_dir": str(tmp_path / "runs"), "run_id": "outage"},
+        checkpoint={"every_steps": 5, "keep_last": 2},
+        checkpoint_sync=_sync(s3_server),
+    )
+    run_dir = tmp_path / "runs" / "outage"
+    cmd = [
+        PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "--monitor-interval=0.2", "-m", "ups.train.main", str(cfg),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=worker_env(s3_server.client_env()), text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait(run_dir, proc, 180, lambda ev: _named(ev, "checkpoint_synced"))
+        s3_server.stop()
+        bucket_down_at = len(_named(parse_events((run_dir / "logs/rank0.jsonl").read_text()),
+                                    "checkpoint_saved"))  # fmt: skip
+        _wait(run_dir, proc, 120, lambda ev: _named(ev, "checkpoint_sync_failed"))
+        # Training goes on: three more checkpoints while the bucket is away.
+        _wait(run_dir, proc, 120,
+              lambda ev: len(_named(ev, "checkpoint_saved")) >= bucket_down_at + 3)  # fmt: skip
+        s3_server.start()
+        bucket = _bucket(s3_server)
+        bucket.put_bytes("outage/checkpoints/step_000001.pt", b"cut short")  # no digest
+        _wait(run_dir, proc, 120, lambda ev: _named(ev, "checkpoint_sync_recovered"))
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["outcome"] == "preempted"
+    sync = outcome["checkpoint_sync"]
+    assert sync["complete"] is True and sync["pending"] == [], sync
+    local = [p.name for _, p in local_checkpoints(run_dir / "checkpoints")]
+    refs = committed_checkpoints(bucket, "outage")
+    assert [r.name for r in refs] == local and len(local) == 2
+    assert refs[-1].step == outcome["step"]
+    for ref in refs:  # every committed checkpoint is whole
+        fetch_checkpoint(bucket, ref, tmp_path / "verify")
+    assert "outage/checkpoints/step_000001.pt" not in bucket.list("outage/")
+    events = rank_events(run_dir, 0)
+    failed = _named(events, "checkpoint_sync_failed")[0]
+    assert "endpoint unreachable" in failed["error"] and failed["retry_in_s"] > 0

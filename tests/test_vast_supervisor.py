@@ -1,0 +1,220 @@
+"""Supervision survives its own process: a detached deploy leaves a background supervisor;
+a second one refuses (the lease); a supervisor killed with SIGKILL is replaced by running
+the same deploy again, which follows the instance still running (no second one) or, when
+the instance was outbid while nothing supervised it, recovers the run on a new instance
+from the checkpoints synced home, finishing bit-for-bit. FAKE Vast API, real instances.
+
+Each test prints what it measured (seconds from the new supervisor's start to following
+or recovered, steps lost): ``pytest -s`` shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.conftest import worker_env
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.fake_vast import FakeVast, fab_env, fake_vast
+from tests.launch_helpers import launch_cmd
+from tests.test_vast_recovery import _events, _final_model, _hosts
+from ups.deploy.vast import lease
+from ups.deploy.vast.lease import EXIT_SUPERVISED
+from ups.deploy.vast.monitor import RECOVERY_EVENT
+
+__all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+
+def _fab(cwd: Path, fake: FakeVast, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(FAB), "-r", str(REPO), *args], cwd=cwd, text=True, env=fab_env(fake, cwd),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _deploy_args(hosts: Path, config: Path, run: str, *extra: str) -> list[str]:
+    return ["deploy", "--host", "vast", "--hosts-file", str(hosts), "--config", str(config),
+            "--run", run, *extra]  # fmt: skip
+
+
+def _done(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
+def _detached_supervisor(run_dir: Path, timeout: float = 120) -> lease.Holder:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        held = lease.holder(run_dir)
+        if held is not None and held.mode == "detached":
+            return held
+        time.sleep(0.2)  # the background supervisor taking its lease
+    log = run_dir / "supervisor.log"
+    raise AssertionError(
+        f"no detached supervisor: {log.read_text()[-3000:] if log.exists() else ''}"
+    )
+
+
+def _synced(run_dir: Path, held: lease.Holder, step: int, timeout: float = 300) -> None:
+    """Wait until the background supervisor has copied checkpoint ``step`` home."""
+    path = run_dir / "checkpoints" / f"step_{step:06d}.pt"
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        log = run_dir / "supervisor.log"
+        alive = held.alive()
+        assert alive and time.monotonic() < deadline, (
+            f"{path} never synced (supervisor alive: {alive}):\n"
+            + (log.read_text()[-3000:] if log.exists() else "")
+        )
+        time.sleep(0.2)  # the supervisor's sync thread writing it
+
+
+def _sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"supervisor {pid} survived SIGKILL"
+        time.sleep(0.1)  # the kernel reaping it
+
+
+def _wait_line(proc: subprocess.Popen[str], text: str, timeout: float) -> list[str]:
+    """Read ``proc``'s stdout until a line holds ``text``; the lines read so far."""
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if text in line:
+                seen.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    seen.wait(timeout)
+    assert seen.is_set(), "".join(lines)[-4000:]
+    return lines
+
+
+def _seconds(line: str) -> float:
+    return float(line.split(" s after this supervisor started")[0].rsplit(" ", 1)[1])
+
+
+def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+) -> None:
+    """--detach leaves a supervisor that syncs checkpoints; a second deploy of the run exits
+    20 naming it; `fab instances` shows it; SIGKILLed, the same deploy run again follows
+    the instance still running from where the local log stopped: no second instance, no
+    recovery, the steps go on, Ctrl-C then ends the one instance."""
+    hosts = _hosts(fake_vast, tmp_path, demo_data)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=100_000)
+    run_dir = tmp_path / "runs" / "again"
+    code, out, err = _done(
+        _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again", "--detach")), 300
+    )
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "follows run again in the background" in out
+    held = _detached_supervisor(run_dir)
+    (inst,) = fake_vast.live()
+
+    code, out, err = _done(_fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again")), 120)
+    assert code == EXIT_SUPERVISED, out[-2000:] + err[-2000:]
+    assert f"already supervised by the detached supervisor pid {held.pid}" in err
+    assert "Traceback" not in err
+    code, out, err = _done(_fab(tmp_path, fake_vast, "instances", "--hosts-file", str(hosts)), 60)
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("again "))
+    assert f"detached (pid {held.pid})" in row
+
+    _synced(run_dir, held, step=10)
+    _sigkill(held.pid)
+    seen = max(e["step"] for e in _events(run_dir / "logs" / "launch.log", "train_step"))
+    assert lease.holder(run_dir) is None  # a killed supervisor holds nothing
+    proc = _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again"))
+    lines = _wait_line(proc, "following run again on instance", timeout=240)
+    following = _seconds(lines[-1])
+    assert f"instance {inst.id} (alive)" in lines[-1]
+    log = run_dir / "logs" / "launch.log"
+    deadline = time.monotonic() + 240
+    while max(e["step"] for e in _events(log, "train_step")) < seen + 10:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run did not go on"
+        time.sleep(0.5)  # the followed run logging new steps
+    proc.send_signal(signal.SIGINT)
+    code, out, err = _done(proc, 120)
+    assert code == 130, out[-2000:] + err[-2000:]
+    assert fake_vast.live() == [] and list(fake_vast.destroyed) == [inst.id]
+    steps = [e["step"] for e in _events(log, "train_step")]
+    assert steps == sorted(set(steps)), "a step logged twice or out of order"
+    state = json.loads((run_dir / "supervision.json").read_text())
+    assert state["recoveries"] == 0 and [i["instance_id"] for i in state["instances"]] == [inst.id]
+    print(f"\nMEASURE supervisor restart -> following: {following:.1f} s")
+
+
+def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+) -> None:
+    """Detached; its supervisor SIGKILLed after checkpoint 10 came home; the instance is
+    outbid while nothing supervises the run; the same deploy run again ends the outbid
+    instance, rents another, resumes from step 10 and finishes: one recovery, two
+    instances, both destroyed, weights equal to an uninterrupted run's."""
+    fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
+    hosts = _hosts(fake_vast, tmp_path, demo_data)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    run_dir = tmp_path / "runs" / "unsup"
+    code, out, err = _done(
+        _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup", "--detach")), 300
+    )
+    assert code == 0, out[-3000:] + err[-3000:]
+    held = _detached_supervisor(run_dir)
+    _synced(run_dir, held, step=10)
+    _sigkill(held.pid)
+    (first,) = fake_vast.live()
+    first_log = first.root / "disk" / "workspace" / "runs" / "unsup" / "logs" / "launch.log"
+    fake_vast.outbid(first.id)
+    reached = max(e["step"] for e in _events(first_log, "train_step"))
+
+    code, out, err = _done(_fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup")), 400)
+    assert code == 0, out[-4000:] + err[-3000:]
+    assert (
+        f"instance {first.id} of run unsup: outbid (Vast shows it stopped) while no supervisor ran"
+        in out
+    )
+    assert "recovery 1/3: picking up run unsup" in out and "from step 10" in out
+    resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
+    assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
+    state = json.loads((run_dir / "supervision.json").read_text())
+    assert state["recoveries"] == 1 and state["ended"] == "exit 0"
+    assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
+    ref = tmp_path / "ref"
+    (ref / "data").mkdir(parents=True)
+    (ref / "data" / "demo").symlink_to(demo_data)
+    done = subprocess.run(
+        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    mine, theirs = _final_model(run_dir), _final_model(ref / "runs" / "ref")
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
+    assert marked["resume_step"] == 10
+    print(
+        f"\nMEASURE supervisor restart -> recovered (first step on the new instance): "
+        f"{_seconds(resumed):.1f} s; steps lost: {reached - 10} (instance reached step "
+        f"{reached}, resumed from 10)"
+    )

@@ -1,0 +1,24 @@
+"""Runs in an S3-compatible bucket (``checkpoint_sync``): the store, the checkpoint layout
+and the uploader that trains' rank 0 feeds. Imports neither torch nor boto3 at import time
+(deploy and the supervisor use it on a laptop)."""
+
+from ups.bucket.checkpoints import (
+    CheckpointMismatch,
+    CheckpointRef,
+    committed_checkpoints,
+    fetch_checkpoint,
+    newest_checkpoint,
+)
+from ups.bucket.store import Bucket, BucketError, BucketUnreachable, parse_url
+
+__all__ = [
+    "Bucket",
+    "BucketError",
+    "BucketUnreachable",
+    "CheckpointMismatch",
+    "CheckpointRef",
+    "committed_checkpoints",
+    "fetch_checkpoint",
+    "newest_checkpoint",
+    "parse_url",
+]

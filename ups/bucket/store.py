@@ -1,0 +1,182 @@
+"""An S3 bucket prefix (``s3://bucket/prefix``) as a small key-value store.
+
+boto3 is imported when a bucket is opened, not when this module is: deploy code and the
+supervisor import ``ups.bucket`` without paying for it. Credentials come from boto3's own
+chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and
+``~/.aws/credentials`` or ``AWS_SHARED_CREDENTIALS_FILE``, instance roles); the endpoint
+from ``endpoint_url`` or boto3's ``AWS_ENDPOINT_URL``, so any S3-compatible store works.
+
+Every failure of the network or the service is raised as :class:`BucketError` with the
+operation, the key and the cause in one sentence; :class:`BucketUnreachable` (a subclass)
+marks the ones worth another try (``ups.retry.bucket_retryable``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from ups.fsio import atomic_open
+
+_CHUNK = 1 << 20
+
+
+class BucketError(RuntimeError):
+    """An operation on the bucket failed; the message names the operation, key and cause."""
+
+
+class BucketUnreachable(BucketError):
+    """The endpoint did not answer, or answered with a server error or a throttle."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ``("bucket", "some/prefix")``. Raises ValueError."""
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise ValueError(
+            f"{url!r} is not a bucket URL: write s3://BUCKET or s3://BUCKET/PREFIX "
+            "(endpoint_url points it at any S3-compatible store: R2, B2, MinIO)"
+        )
+    if parsed.query or parsed.fragment:
+        raise ValueError(f"{url!r}: a bucket URL takes no '?' or '#' part")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+def _classify(what: str, key: str, exc: BaseException) -> BucketError:
+    """One sentence for a boto/botocore error; unreachable when another try may succeed."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionClosedError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, NoCredentialsError):
+        return BucketError(
+            f"{what} {key}: no S3 credentials found: set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with a profile in ~/.aws/credentials"
+        )
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        text = f"{what} {key}: {err.get('Code', status)} ({err.get('Message', '')})"
+        if status >= 500 or status == 429 or err.get("Code") in {"SlowDown", "RequestTimeout"}:
+            return BucketUnreachable(text)
+        return BucketError(text)
+    if isinstance(exc, FileNotFoundError):  # a local file (pruned meanwhile), not the bucket
+        return BucketError(f"{what} {key}: {exc}")
+    if isinstance(
+        exc, EndpointConnectionError | ConnectionClosedError | ReadTimeoutError | OSError
+    ):
+        return BucketUnreachable(f"{what} {key}: endpoint unreachable ({exc})")
+    if isinstance(exc, BotoCoreError):
+        return BucketUnreachable(f"{what} {key}: {type(exc).__name__}: {exc}")
+    return BucketError(f"{what} {key}: {type(exc).__name__}: {exc}")
+
+
+@dataclass
+class Bucket:
+    """Keys are relative to the URL's prefix: ``put_bytes("r1/outcome.json", ...)``."""
+
+    url: str
+    name: str
+    prefix: str
+    endpoint_url: str | None = None
+    _client: Any = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, url: str, *, endpoint_url: str | None = None) -> Bucket:
+        """A bucket prefix; nothing is contacted until the first operation."""
+        name, prefix = parse_url(url)
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        # boto3 retries throttles and 5xx itself ("standard" mode, 3 tries); a longer
+        # outage is the caller's to wait out (ups.backoff.BUCKET_SYNC), so its timeouts are
+        # short enough that training's uploader notices one within seconds.
+        config = BotoConfig(
+            retries={"mode": "standard", "max_attempts": 3},
+            connect_timeout=5,
+            read_timeout=60,
+            s3={"addressing_style": "path"} if endpoint_url else None,
+        )
+        client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        return cls(url, name, prefix, endpoint_url, client)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, key: str, method: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self._client, method)(Bucket=self.name, **kwargs)
+        except Exception as exc:
+            raise _classify(what, self.url_of(key), exc) from exc
+
+    def url_of(self, key: str) -> str:
+        """The full ``s3://`` address of ``key``, for messages."""
+        return f"s3://{self.name}/{self._key(key)}"
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._call("writing", key, "put_object", Key=self._key(key), Body=data)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The object's bytes, or None when there is no such key."""
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self._client.get_object(Bucket=self.name, Key=self._key(key))
+            data: bytes = response["Body"].read()
+            return data
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+                return None
+            raise _classify("reading", self.url_of(key), exc) from exc
+        except Exception as exc:
+            raise _classify("reading", self.url_of(key), exc) from exc
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, relative to the bucket prefix, sorted."""
+        keys: list[str] = []
+        strip = len(self._key("")) if self.prefix else 0
+        try:
+            pages = self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.name, Prefix=self._key(prefix)
+            )
+            for page in pages:
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        except Exception as exc:
+            raise _classify("listing", self.url_of(prefix), exc) from exc
+        return sorted(keys)
+
+    def upload_file(self, path: Path, key: str) -> None:
+        """Upload one local file (multipart when large: boto3's transfer manager)."""
+        try:
+            self._client.upload_file(str(path), self.name, self._key(key))
+        except Exception as exc:
+            raise _classify(f"uploading {path} to", self.url_of(key), exc) from exc
+
+    def download_file(self, key: str, path: Path) -> str:
+        """Write the object to ``path`` atomically; returns its SHA-256 (hex). Raises
+        BucketError when the key is absent."""
+        digest = hashlib.sha256()
+        try:
+            body = self._client.get_object(Bucket=self.name, Key=self._key(key))["Body"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_open(path) as out:
+                while chunk := body.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except BucketError:
+            raise
+        except Exception as exc:
+            raise _classify("downloading", self.url_of(key), exc) from exc
+        return digest.hexdigest()
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; an absent key is not an error (S3 semantics)."""
+        self._call("deleting", key, "delete_object", Key=self._key(key))
