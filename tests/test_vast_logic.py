@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ups.deploy.errors import DeployError
-from ups.deploy.hosts import HostSpec, load_hosts
+from ups.deploy.hosts import VastHost, load_hosts
 from ups.deploy.vast.errors import NoOffer
 from ups.deploy.vast.instance import Instance, State, label_for, parse_label, state_of
 from ups.deploy.vast.offers import choose
@@ -87,7 +87,7 @@ def test_onstart_carries_no_secret_and_fits() -> None:
     """The onstart script starts the watchdog with no key in it and stays under Vast's 4 KB."""
     from ups.deploy.vast.watchdog import onstart_command
 
-    spec = HostSpec(kind="vast", offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
+    spec = VastHost(offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
     script = onstart_command(spec, 1.8e9)
     assert len(script.encode()) < 4000
     assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script

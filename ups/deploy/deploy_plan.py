@@ -16,7 +16,7 @@ from ups import jsonio
 from ups.config import Config, ConfigError, load_config
 from ups.deploy import remote as rc
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost
 from ups.runid import new_run_id, run_id_problem
 
 SECRET_NAMES = ("WANDB_API_KEY",)
@@ -99,7 +99,7 @@ class DeployPlan:
         return "\n".join(lines)
 
 
-def address(spec: HostSpec) -> str:
+def address(spec: AddressedHost) -> str:
     user = f"{spec.user}@" if spec.user else ""
     port = f":{spec.port}" if spec.port else ""
     jump = f" via {spec.jump}" if spec.jump else ""
@@ -123,7 +123,7 @@ def check_run_flag(run_id: str | None, flag: str = "--run") -> None:
 
 
 def build_plan(
-    spec: HostSpec,
+    spec: AddressedHost,
     config: Path,
     *,
     cfg: Config,
@@ -161,8 +161,12 @@ def build_plan(
     preflight += sets
     steps = [
         Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
-        Step("check-code", "compare remote ups/torch versions with this checkout's"),
-        Step("upload", "config, run script, secrets (0600)"),
+        Step(
+            "check-code",
+            "compare remote ups/torch versions with this checkout's",
+            rc.code_info_command(spec.ups_bin),
+        ),
+        Step("upload", "config, run script, secrets (0600)", rc.mkdir_command(remote.state_dir)),
     ]
     if not skip_preflight:
         steps.append(
@@ -177,7 +181,7 @@ def build_plan(
         steps.append(Step("follow", f"stream {remote.launch_log} until the launcher exits"))
     return DeployPlan(
         host=spec.name,
-        kind=spec.kind,
+        kind="container",
         address=address(spec),
         image=spec.image,
         run_id=run_id,

@@ -27,7 +27,7 @@ from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError
 from ups.deploy.follow import follow
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import VastHost
 from ups.deploy.runs import read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
@@ -70,7 +70,7 @@ class Keeper:
         self.pending: Pending | None = None
 
     @property
-    def spec(self) -> HostSpec:
+    def spec(self) -> VastHost:
         return self.lc.plan.spec
 
     def say(self, text: str) -> None:
@@ -122,7 +122,7 @@ class Keeper:
 
     def train(self, target: Target, monitor: Monitor) -> int:
         """Launch and follow; relaunch here while the run ends with a retryable cause."""
-        spec = target.spec
+        spec = self.spec  # the vast entry: the instance's container host has no rental knobs
         while True:
             conn = target.connect()
             try:

@@ -1,22 +1,23 @@
-"""What the fabfile calls for vast hosts: ``deploy``, ``instances`` and ``down``."""
+"""What the vast kind does: plan and run a deploy, ``instances``, ``down``, attach."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ups.deploy.errors import DeployError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import ContainerHost, VastHost
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
 from ups.deploy.vast.keeper import run
 from ups.deploy.vast.rental import Lifecycle, describe_timings
-from ups.deploy.vast.rental_plan import build_vast_plan, container_spec
+from ups.deploy.vast.rental_plan import VastPlan, build_vast_plan
 
 
-def _watchdog_key(spec: HostSpec) -> str | None:
+def _watchdog_key(spec: VastHost) -> str | None:
     if not spec.watchdog_key_file:
         return None
     path = Path(spec.watchdog_key_file).expanduser()
@@ -30,42 +31,62 @@ def _watchdog_key(spec: HostSpec) -> str | None:
         ) from None
 
 
-def deploy(
-    spec: HostSpec,
+@dataclass
+class VastDeploy:
+    """The vast plan and what carrying it out needs; :meth:`run` rents and deploys it."""
+
+    api: VastApi
+    plan: VastPlan
+    known_hosts: Path
+    out: TextIO
+    env: dict[str, str]
+    skip_preflight: bool
+    watchdog_key: str | None
+    mirror: Path | None
+
+    def render(self) -> str:
+        return self.plan.render()
+
+    def run(self) -> int:
+        lifecycle = Lifecycle(self.api, self.plan, self.known_hosts, self.out)
+        code = run(
+            lifecycle,
+            env=self.env,
+            skip_preflight=self.skip_preflight,
+            watchdog_key=self.watchdog_key,
+            mirror=self.mirror,
+        )
+        lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+        return code
+
+
+def plan(
+    spec: VastHost,
     known_hosts: Path,
     config: Path,
     out: TextIO,
     *,
     run_id: str | None,
     overrides: tuple[str, ...] = (),
-    dry_run: bool,
-    detach: bool,
+    follow: bool,
     skip_preflight: bool,
     mirror: Path | None,
-) -> int:
+) -> VastDeploy:
+    """Search offers and plan the rental and the deploy on it (creates nothing)."""
     env = dict(os.environ)
     api = VastApi(spec.vast_url)
     watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
-    plan = build_vast_plan(
+    vast_plan = build_vast_plan(
         spec,
         config,
         api,
         run_id=run_id,
         overrides=overrides,
-        follow=not detach,
+        follow=follow,
         skip_preflight=skip_preflight,
         env=env,
     )
-    out.write(plan.render() + "\n")
-    out.flush()
-    if dry_run:
-        return 0
-    lifecycle = Lifecycle(api, plan, known_hosts, out)
-    code = run(
-        lifecycle, env=env, skip_preflight=skip_preflight, watchdog_key=watchdog_key, mirror=mirror
-    )
-    lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
-    return code
+    return VastDeploy(api, vast_plan, known_hosts, out, env, skip_preflight, watchdog_key, mirror)
 
 
 def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
@@ -74,7 +95,7 @@ def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
     return [i for i in found if i.run and (host is None or i.run[0] == host)]
 
 
-def instances(spec: HostSpec, out: TextIO) -> int:
+def instances(spec: VastHost, out: TextIO) -> int:
     api = VastApi(spec.vast_url)
     rows = ups_instances(api)
     if not rows:
@@ -96,7 +117,7 @@ def instances(spec: HostSpec, out: TextIO) -> int:
     return 0
 
 
-def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
+def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     api = VastApi(spec.vast_url)
     wanted = label_for(spec.name, run_id) if run_id else None
@@ -113,7 +134,7 @@ def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
     return 0
 
 
-def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
+def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
     """The container host a running instance of this entry is (for logs, status, stop, fetch).
 
     The newest running instance labelled for ``run_id`` (any run when None); its host key
@@ -134,4 +155,4 @@ def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
         )
     inst = min(running, key=lambda i: i.duration_s)
     assert inst.ssh_host and inst.ssh_port
-    return container_spec(spec, inst.ssh_host, inst.ssh_port)
+    return spec.as_container(inst.ssh_host, inst.ssh_port)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ups.config import Config
 from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.instance import label_for
 from ups.deploy.vast.offers import Offer, bid_price, choose, offer_type
@@ -25,17 +25,15 @@ PENDING_ADDRESS = "(instance ssh address)"
 
 
 def container_spec(
-    spec: HostSpec, host: str = PENDING_ADDRESS, port: int | None = None
-) -> HostSpec:
+    spec: VastHost, host: str = PENDING_ADDRESS, port: int | None = None
+) -> ContainerHost:
     """The vast entry as the container host it becomes once the instance has an address."""
-    return spec.model_copy(
-        update={"kind": "container", "host": host, "port": port, "user": spec.user or "root"}
-    )
+    return spec.as_container(host, port)
 
 
 @dataclass
 class VastPlan:
-    spec: HostSpec
+    spec: VastHost
     offer: Offer
     price: float
     bid: float | None
@@ -51,7 +49,7 @@ class VastPlan:
     skip_preflight: bool
     env: dict[str, str]
 
-    def replan(self, spec: HostSpec, run_id: str | None) -> DeployPlan:
+    def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
         return build_plan(
             spec,
@@ -123,7 +121,7 @@ class VastPlan:
 
 
 def build_vast_plan(
-    spec: HostSpec,
+    spec: VastHost,
     config: Path,
     api: VastApi,
     *,

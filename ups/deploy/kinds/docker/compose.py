@@ -8,33 +8,34 @@ has a one-shot ``preflight`` service and the ``train-ddp`` service, and mounts
 
 from __future__ import annotations
 
-import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from fabric import Connection
 
 from ups.config import Config
-from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import DockerHost
+from ups.deploy.kinds.docker import commands
 from ups.deploy.progress import Progress, human_bytes
+from ups.deploy.remote import RemoteRun, start_command
 from ups.deploy.runs import settle
 from ups.deploy.session import Target, run, show_report, write_private, write_text
 from ups.runid import new_run_id
 
 
-def compose_argv(spec: HostSpec, found: rc.RemoteRun) -> list[str]:
-    return rc.compose_argv(
+def compose_argv(spec: DockerHost, found: RemoteRun) -> list[str]:
+    return commands.compose_argv(
         run=found, image=spec.image, compose_files=spec.compose_files, docker_host=spec.docker_host
     )
 
 
 def build_docker_plan(
-    spec: HostSpec,
+    spec: DockerHost,
     config: Path,
     *,
     cfg: Config,
@@ -50,7 +51,7 @@ def build_docker_plan(
     # --set never gets here: the request refuses it for docker hosts (ups.deploy.request).
     fixed = run_id or cfg.run.run_id
     run_id = fixed or new_run_id(cfg.run.name)
-    found = rc.RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
+    found = RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
     compose = compose_argv(spec, found)
     how = (
         f"push to {spec.registry}, pull remotely"
@@ -60,29 +61,37 @@ def build_docker_plan(
     steps = [
         Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
         Step("image", f"{spec.image}: {how}"),
-        Step("upload", f"{', '.join(spec.compose_files)}, config, secrets (0600)"),
+        Step(
+            "upload",
+            f"{', '.join(spec.compose_files)}, config, secrets (0600)",
+            # The image runs as a fixed uid (docs/docker.md): it must be able to write the
+            # runs volume.
+            commands.prepare_dirs_command(
+                found, posixpath.join(spec.workdir, spec.runs_dir), spec.container_user
+            ),
+        ),
     ]
     if not skip_preflight:
         steps.append(
             Step(
                 "preflight",
                 "one-shot preflight service; stop on failure",
-                rc.compose_command(found, compose, "run", "--rm", spec.preflight_service),
+                commands.compose_command(found, compose, "run", "--rm", spec.preflight_service),
             )
         )
     steps.append(
         Step(
             "start",
             "compose up -d (detached)",
-            rc.compose_command(found, compose, "up", "-d", "--no-deps", spec.compose_service),
+            commands.compose_command(found, compose, "up", "-d", "--no-deps", spec.compose_service),
         )
     )
-    steps.append(Step("watch", "a detached watcher records the exit code", rc.start_command(found)))
+    steps.append(Step("watch", "a detached watcher records the exit code", start_command(found)))
     if follow:
         steps.append(Step("follow", f"stream {found.launch_log} until the container exits"))
     return DeployPlan(
         host=spec.name,
-        kind=spec.kind,
+        kind="docker",
         address=address(spec),
         image=spec.image,
         run_id=run_id,
@@ -96,14 +105,13 @@ def build_docker_plan(
     )
 
 
-def ship_image(target: Target, conn: Connection) -> tuple[int, str]:
+def ship_image(target: Target, spec: DockerHost, conn: Connection) -> tuple[int, str]:
     """Make the image exist remotely; return (bytes sent, description)."""
     import docker
 
-    from ups.deploy import layers
-    from ups.deploy.remote_docker import remote_client
+    from ups.deploy.kinds.docker import layers
+    from ups.deploy.kinds.docker.dial import remote_client
 
-    spec = target.spec
     local = docker.from_env()
     assert conn.transport is not None
     remote = remote_client(conn.transport, spec.docker_host)
@@ -125,75 +133,59 @@ def ship_image(target: Target, conn: Connection) -> tuple[int, str]:
         local.close()
 
 
-def deploy(
-    target: Target,
-    config: Path,
-    *,
-    cfg: Config,
-    run_id: str | None,
-    overrides: Sequence[str] = (),
-    fresh: bool = False,
-    dry_run: bool,
-    detach: bool,
-    skip_preflight: bool,
-) -> int:
-    spec = target.spec
-    env = dict(os.environ)
+@dataclass
+class DockerDeploy:
+    """The plan of one compose deploy; :meth:`run` sends the commands it shows."""
 
-    def replan(chosen: str | None) -> DeployPlan:
-        return build_docker_plan(
-            spec,
-            config,
-            cfg=cfg,
-            run_id=chosen,
-            overrides=overrides,
-            fresh=fresh,
-            follow=not detach,
-            skip_preflight=skip_preflight,
-            env=env,
-        )
+    target: Target
+    spec: DockerHost
+    plan: DeployPlan
+    replan: Callable[[str | None], DeployPlan]
+    """The same plan for the run found on the host (a continued run keeps its id)."""
+    env: dict[str, str]
 
-    plan = replan(run_id)
-    target.say(plan.render())
-    if dry_run:
-        return 0
-    conn = target.connect()
-    try:
-        plan, offset = settle(target, conn, plan, replan)
-        _sent, what = ship_image(target, conn)
-        target.say(what)
-        upload(target, conn, plan, env)
-        if plan.has_step("preflight"):
-            result = run(conn, plan.step("preflight").command or "", spec)
-            show_report(target, result.stdout + result.stderr)
-            if result.exited != 0:
-                raise PreflightFailed(
-                    f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was "
-                    "started. Fix the failing checks above and deploy again."
+    def render(self) -> str:
+        return self.target.labelled(self.plan.render())
+
+    def run(self) -> int:
+        target, spec = self.target, self.spec
+        conn = target.connect()
+        try:
+            plan, offset = settle(target, conn, self.plan, self.replan)
+            _sent, what = ship_image(target, spec, conn)
+            target.say(what)
+            upload(target, spec, conn, plan, self.env)
+            if plan.has_step("preflight"):
+                result = run(conn, plan.step("preflight").command or "", spec)
+                show_report(target, result.stdout + result.stderr)
+                if result.exited != 0:
+                    raise PreflightFailed(
+                        f"preflight failed on {spec.name!r} (exit {result.exited}); nothing was "
+                        "started. Fix the failing checks above and deploy again."
+                    )
+            up = run(conn, plan.step("start").command or "", spec)
+            if up.exited != 0:
+                raise DeployError(f"`docker compose up` failed on {spec.name!r}:\n{up.stderr}")
+            started = run(conn, plan.step("watch").command or "", spec)
+            if started.exited != 0:
+                raise DeployError(
+                    f"starting the exit watcher on {spec.name!r} failed: {started.stderr}"
                 )
-        up = run(conn, plan.step("start").command or "", spec)
-        if up.exited != 0:
-            raise DeployError(f"`docker compose up` failed on {spec.name!r}:\n{up.stderr}")
-        started = run(conn, plan.step("watch").command or "", spec)
-        if started.exited != 0:
-            raise DeployError(
-                f"starting the exit watcher on {spec.name!r} failed: {started.stderr}"
-            )
-        project = rc.compose_project(plan.run_id)
-        target.say(f"started run {plan.run_id} on {spec.name} (compose project {project})")
-    finally:
-        conn.close()
-    if detach:
-        target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
-        return 0
-    return follow(target, plan.remote, offset=offset)
+            project = commands.compose_project(plan.run_id)
+            target.say(f"started run {plan.run_id} on {spec.name} (compose project {project})")
+        finally:
+            conn.close()
+        if not plan.follow:
+            target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
+            return 0
+        return follow(target, plan.remote, offset=offset)
 
 
-def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
-    spec, found = target.spec, plan.remote
-    runs = posixpath.join(spec.workdir, spec.runs_dir)
-    # The image runs as a fixed uid (docs/docker.md); it must be able to write the runs volume.
-    mk = run(conn, rc.prepare_dirs_command(found, runs, spec.container_user), spec)
+def upload(
+    target: Target, spec: DockerHost, conn: Connection, plan: DeployPlan, env: dict[str, str]
+) -> None:
+    found = plan.remote
+    mk = run(conn, plan.step("upload").command or "", spec)
     if mk.exited != 0:
         raise DeployError(f"cannot create {found.state_dir} on {spec.name!r}: {mk.stderr}")
     sftp = conn.sftp()
@@ -201,7 +193,7 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
         sftp.put(f, posixpath.join(spec.workdir, Path(f).name))
     sftp.put(plan.config, found.state("config.yaml"))
     write_text(conn, found.state("output_dir"), found.output_dir)
-    watcher = rc.watcher_script(
+    watcher = commands.watcher_script(
         found, compose_argv(spec, found), spec.compose_service, spec.docker_host
     )
     write_text(conn, found.state("run.sh"), watcher)
@@ -209,4 +201,4 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     # /run/secrets/wandb_api_key and the image's entrypoint reads it as root, so the key
     # never enters compose's environment, the container's config or `docker inspect`.
     # Empty when there is no key (W&B then logs offline).
-    write_private(conn, found.state(rc.WANDB_KEY_FILE), env.get("WANDB_API_KEY", ""))
+    write_private(conn, found.state(commands.WANDB_KEY_FILE), env.get("WANDB_API_KEY", ""))
