@@ -122,6 +122,27 @@ def check_run_flag(run_id: str | None, flag: str = "--run") -> None:
         raise UsageError(f"{flag}: {problem}.")
 
 
+def _launch_argv(
+    spec: AddressedHost,
+    remote_config: str,
+    run_id: str,
+    sets: list[str],
+    node: Node | None,
+    skip_preflight: bool,
+) -> list[str]:
+    """``ups launch`` as the run script starts it on the host."""
+    argv = [spec.ups_bin, "launch", remote_config, "--run-id", run_id, *sets]
+    if spec.gpus:
+        argv += ["--nproc-per-node", str(spec.gpus)]
+    if node is not None:
+        argv += ["--nnodes", str(node.count), "--node-rank", str(node.rank)]
+        argv += ["--rdzv-endpoint", node.rdzv_endpoint]
+    # Deploy runs preflight itself (the plan's step) before anything is started.
+    if skip_preflight:
+        return [*argv, "--skip-preflight"]
+    return [*argv, "--preflight-passed-by", "fab deploy"]
+
+
 def build_plan(
     spec: AddressedHost,
     config: Path,
@@ -145,17 +166,7 @@ def build_plan(
     env = dict(os.environ) if env is None else env
     remote_config = remote.state("config.yaml")
     sets = [w for s in overrides for w in ("--set", s)]
-    launch_argv = [spec.ups_bin, "launch", remote_config, "--run-id", run_id, *sets]
-    if spec.gpus:
-        launch_argv += ["--nproc-per-node", str(spec.gpus)]
-    if node is not None:
-        launch_argv += ["--nnodes", str(node.count), "--node-rank", str(node.rank)]
-        launch_argv += ["--rdzv-endpoint", node.rdzv_endpoint]
-    # Deploy runs preflight itself (the step below) before anything is started.
-    if skip_preflight:
-        launch_argv.append("--skip-preflight")
-    else:
-        launch_argv += ["--preflight-passed-by", "fab deploy"]
+    launch_argv = _launch_argv(spec, remote_config, run_id, sets, node, skip_preflight)
     rdzv_host = node is not None and node.rank == 0
     preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
     preflight += sets

@@ -30,7 +30,7 @@ from ups.log import setup_logging
 class _Attached:
     """A host of ``--host`` for a follow-up task: its kind, its entry, where it runs."""
 
-    kind: kinds.HostKind
+    host_kind: kinds.HostKind
     spec: HostSpec
     target: Target
 
@@ -111,7 +111,8 @@ def preflight(
 
     def one(node: _Attached) -> int:
         target = node.target
-        command = rc.in_dir(target.spec.workdir, node.kind.preflight_command(node.spec, config))
+        command = node.host_kind.preflight_command(node.spec, config)
+        command = rc.in_dir(target.spec.workdir, command)
         conn = target.connect()
         try:
             remote_preflight(target, conn, command)
@@ -171,7 +172,7 @@ def stop(
 
     def one(node: _Attached) -> int:
         def command(found: RemoteRun) -> str:
-            return node.kind.stop_command(node.spec, found, timeout)
+            return node.host_kind.stop_command(node.spec, found, timeout)
 
         return operate.stop(node.target, run, command, timeout)
 

@@ -34,24 +34,8 @@ def compose_argv(spec: DockerHost, found: RemoteRun) -> list[str]:
     )
 
 
-def build_docker_plan(
-    spec: DockerHost,
-    config: Path,
-    *,
-    cfg: Config,
-    run_id: str | None,
-    overrides: Sequence[str] = (),
-    fresh: bool = False,
-    follow: bool,
-    skip_preflight: bool,
-    env: dict[str, str],
-) -> DeployPlan:
-    """Plan a compose deploy; the commands shown are the ones :func:`deploy` runs."""
-    check_run_flag(run_id)
-    # --set never gets here: the request refuses it for docker hosts (ups.deploy.request).
-    fixed = run_id or cfg.run.run_id
-    run_id = fixed or new_run_id(cfg.run.name)
-    found = RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
+def _steps(spec: DockerHost, found: RemoteRun, *, skip_preflight: bool, follow: bool) -> list[Step]:
+    """The compose deploy's steps, each remote command as :class:`DockerDeploy` runs it."""
     compose = compose_argv(spec, found)
     how = (
         f"push to {spec.registry}, pull remotely"
@@ -89,6 +73,28 @@ def build_docker_plan(
     steps.append(Step("watch", "a detached watcher records the exit code", start_command(found)))
     if follow:
         steps.append(Step("follow", f"stream {found.launch_log} until the container exits"))
+    return steps
+
+
+def build_docker_plan(
+    spec: DockerHost,
+    config: Path,
+    *,
+    cfg: Config,
+    run_id: str | None,
+    overrides: Sequence[str] = (),
+    fresh: bool = False,
+    follow: bool,
+    skip_preflight: bool,
+    env: dict[str, str],
+) -> DeployPlan:
+    """Plan a compose deploy; the commands shown are the ones :func:`deploy` runs."""
+    check_run_flag(run_id)
+    # --set never gets here: the request refuses it for docker hosts (ups.deploy.request).
+    fixed = run_id or cfg.run.run_id
+    run_id = fixed or new_run_id(cfg.run.name)
+    found = RemoteRun(workdir=spec.workdir, run_id=run_id, output_dir=spec.runs_dir)
+    steps = _steps(spec, found, skip_preflight=skip_preflight, follow=follow)
     return DeployPlan(
         host=spec.name,
         kind="docker",
