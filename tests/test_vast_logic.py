@@ -92,3 +92,18 @@ def test_onstart_carries_no_secret_and_fits() -> None:
     assert len(script.encode()) < 4000
     assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script
     assert "KEY" not in script.upper().replace("NO_AUTO_TMUX", "")
+
+
+def test_a_rented_instance_is_a_container_host_of_the_shared_fields() -> None:
+    """The instance a vast entry rents is a container host at the instance's address: the
+    SSH and run fields carry over (user defaults to root), the rental's knobs stay behind."""
+    from ups.deploy.hosts import ContainerHost
+
+    spec = VastHost(
+        name="v", offer="num_gpus=1", max_price_per_hour=1.0, gpus=2, workdir="/w", key="/k"
+    )
+    host = spec.as_container("ssh4.vast.ai", 4242)
+    assert isinstance(host, ContainerHost) and host.kind == "container"
+    assert (host.name, host.host, host.port, host.user) == ("v", "ssh4.vast.ai", 4242, "root")
+    assert (host.gpus, host.workdir, host.key) == (2, "/w", "/k")
+    assert not hasattr(host, "max_price_per_hour")
