@@ -78,8 +78,8 @@ def test_docker_dry_run_is_what_runs(
     run exactly as printed."""
     local, remote = engines
     client = local.client()
-    image = "ups-kinds-dryrun:app"
-    import_tiny_base(client, "ups-kinds-dryrun-base:1")
+    image = "ups-kinds-dryrun:app"  # names inside the test's own private engines
+    import_tiny_base(client, "ups-deploytest-base:1")  # the base build_app builds FROM
     build_app(client, tmp_path / "ctx", image, version="1")
     compose = tmp_path / "docker-compose.yml"
     compose.write_text(COMPOSE)
