@@ -131,8 +131,8 @@ def bench_stream(lines: int, rate: float, drops: int, keepalive: int) -> dict[st
 def _transfer_bytes(
     local: Any, remote_url: str, server: Any, root: Path, image: str
 ) -> dict[str, Any]:
-    from ups.deploy import layers
-    from ups.deploy.remote_docker import remote_client
+    from ups.deploy.kinds.docker import layers
+    from ups.deploy.kinds.docker.dial import remote_client
 
     hosts = server.write_hosts(root / f"hosts-{abs(hash(image))}.yaml")
     spec, known = get_host("test", hosts)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ups.deploy.errors import DeployError
-from ups.deploy.hosts import HostSpec, load_hosts
+from ups.deploy.hosts import VastHost, load_hosts
 from ups.deploy.vast.errors import NoOffer
 from ups.deploy.vast.instance import Instance, State, label_for, parse_label, state_of
 from ups.deploy.vast.offers import choose
@@ -87,7 +87,7 @@ def test_onstart_carries_no_secret_and_fits() -> None:
     """The onstart script starts the watchdog with no key in it and stays under Vast's 4 KB."""
     from ups.deploy.vast.watchdog import onstart_command
 
-    spec = HostSpec(kind="vast", offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
+    spec = VastHost(offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
     script = onstart_command(spec, 1.8e9)
     assert len(script.encode()) < 4000
     assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script
@@ -98,7 +98,22 @@ def test_watchdog_poll_comes_from_hosts_yaml() -> None:
     """``watchdog_poll_s`` reaches the watchdog's command line (2 s when unset)."""
     from ups.deploy.vast.watchdog import onstart_command
 
-    spec = HostSpec(kind="vast", offer="num_gpus=1", max_price_per_hour=1.0)
+    spec = VastHost(name="v", offer="num_gpus=1", max_price_per_hour=1.0)
     assert "--poll 2 " in onstart_command(spec, 1.8e9)
     quick = spec.model_copy(update={"watchdog_poll_s": 0.25})
     assert "--poll 0.25 " in onstart_command(quick, 1.8e9)
+
+
+def test_a_rented_instance_is_a_container_host_of_the_shared_fields() -> None:
+    """The instance a vast entry rents is a container host at the instance's address: the
+    SSH and run fields carry over (user defaults to root), the rental's knobs stay behind."""
+    from ups.deploy.hosts import ContainerHost
+
+    spec = VastHost(
+        name="v", offer="num_gpus=1", max_price_per_hour=1.0, gpus=2, workdir="/w", key="/k"
+    )
+    host = spec.as_container("ssh4.vast.ai", 4242)
+    assert isinstance(host, ContainerHost) and host.kind == "container"
+    assert (host.name, host.host, host.port, host.user) == ("v", "ssh4.vast.ai", 4242, "root")
+    assert (host.gpus, host.workdir, host.key) == (2, "/w", "/k")
+    assert not hasattr(host, "max_price_per_hour")

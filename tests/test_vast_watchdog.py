@@ -11,7 +11,7 @@ from vastai import VastAI
 
 from tests.deploy_fixtures import VENV_BIN
 from tests.fake_vast import FakeVast, fake_vast
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import VastHost
 from ups.deploy.vast.instance import Instance, State
 from ups.deploy.vast.watchdog import onstart_command
 
@@ -20,14 +20,14 @@ __all__ = ["fake_vast"]  # fixture used by name below
 pytestmark = [pytest.mark.slow, pytest.mark.ssh]
 
 
-def _spec(fake: FakeVast, **extra: object) -> HostSpec:
+def _spec(fake: FakeVast, **extra: object) -> VastHost:
     fields: dict[str, object] = {
         "kind": "vast", "offer": "num_gpus=2", "max_price_per_hour": 1.0,
         "workdir": str(fake.workdir), "ups_bin": str(VENV_BIN / "ups"), "vast_url": fake.url,
         "watchdog_grace_s": 0, "watchdog_poll_s": 0.2,
     }  # fmt: skip
     fields.update(extra)
-    return HostSpec.model_validate(fields)
+    return VastHost.model_validate(fields)
 
 
 def _wait_state(sdk: VastAI, instance_id: int, state: State, timeout: float) -> Instance | None:

@@ -6,8 +6,8 @@ retried with tenacity), :mod:`remote` (every remote path and shell command, quot
 :mod:`kinds` (the host kinds behind one interface, and their registry),
 :mod:`session` (what the host kinds share: target, connection, running a command),
 :mod:`runs` (which run, alive, outcome; continuing one), :mod:`operate` (deploying to a
-container host; logs, status, stop), :mod:`docker_kind` and :mod:`layers` (hosts with a
-Docker daemon), :mod:`follow` and :mod:`stream` (byte-offset log follower),
+container host; logs, status, stop), ``kinds/docker/`` (hosts with a Docker daemon),
+``vast/`` (rented Vast instances), :mod:`follow` and :mod:`stream` (byte-offset log follower),
 :mod:`fetch`, :mod:`group` (one job on several hosts), :mod:`tasks` (what the fabfile
 and ``ups deploy`` call).
 """

@@ -19,7 +19,7 @@ from ups.deploy.hostkeys import (
     known_hosts_name,
     load_into,
 )
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost
 from ups.log import get_logger
 
 NewKeyCallback = Callable[[str, paramiko.PKey], None]
@@ -36,7 +36,7 @@ def _log_new_key(name: str, key: paramiko.PKey) -> None:
 
 
 def _connection(
-    spec: HostSpec, known_hosts: Path, on_new_key: NewKeyCallback, timeout: float
+    spec: AddressedHost, known_hosts: Path, on_new_key: NewKeyCallback, timeout: float
 ) -> Connection:
     connect_kwargs: dict[str, Any] = {"banner_timeout": timeout, "auth_timeout": timeout}
     if spec.key:
@@ -72,7 +72,7 @@ _TRANSIENT = (TimeoutError, OSError, paramiko.SSHException, EOFError)
 """Network trouble worth retrying (a Vast instance still starting its sshd)."""
 
 
-def check_key_file(spec: HostSpec) -> None:
+def check_key_file(spec: AddressedHost) -> None:
     """Refuse a ``key`` that is missing or unreadable before trying to connect with it."""
     if not spec.key:
         return
@@ -88,7 +88,7 @@ def check_key_file(spec: HostSpec) -> None:
 
 
 def connect(
-    spec: HostSpec,
+    spec: AddressedHost,
     known_hosts: Path,
     *,
     attempts: int = 3,
@@ -130,7 +130,7 @@ def connect(
     return conn
 
 
-def _open(spec: HostSpec, known_hosts: Path, on_new_key: NewKeyCallback) -> Connection:
+def _open(spec: AddressedHost, known_hosts: Path, on_new_key: NewKeyCallback) -> Connection:
     """One connection attempt; host-key and auth failures become final DeployErrors."""
     conn = _connection(spec, known_hosts, on_new_key, spec.connect_timeout)
     try:
@@ -156,7 +156,7 @@ def _open(spec: HostSpec, known_hosts: Path, on_new_key: NewKeyCallback) -> Conn
     return conn
 
 
-def _address(spec: HostSpec) -> str:
+def _address(spec: AddressedHost) -> str:
     user = f"{spec.user}@" if spec.user else ""
     port = f":{spec.port}" if spec.port else ""
     return f"{user}{spec.host}{port}"

@@ -16,7 +16,7 @@ from ups import jsonio
 from ups.config import Config, ConfigError, load_config
 from ups.deploy import remote as rc
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost
 from ups.runid import new_run_id, run_id_problem
 
 SECRET_NAMES = ("WANDB_API_KEY",)
@@ -99,7 +99,7 @@ class DeployPlan:
         return "\n".join(lines)
 
 
-def address(spec: HostSpec) -> str:
+def address(spec: AddressedHost) -> str:
     user = f"{spec.user}@" if spec.user else ""
     port = f":{spec.port}" if spec.port else ""
     jump = f" via {spec.jump}" if spec.jump else ""
@@ -122,8 +122,29 @@ def check_run_flag(run_id: str | None, flag: str = "--run") -> None:
         raise UsageError(f"{flag}: {problem}.")
 
 
+def _launch_argv(
+    spec: AddressedHost,
+    remote_config: str,
+    run_id: str,
+    sets: list[str],
+    node: Node | None,
+    skip_preflight: bool,
+) -> list[str]:
+    """``ups launch`` as the run script starts it on the host."""
+    argv = [spec.ups_bin, "launch", remote_config, "--run-id", run_id, *sets]
+    if spec.gpus:
+        argv += ["--nproc-per-node", str(spec.gpus)]
+    if node is not None:
+        argv += ["--nnodes", str(node.count), "--node-rank", str(node.rank)]
+        argv += ["--rdzv-endpoint", node.rdzv_endpoint]
+    # Deploy runs preflight itself (the plan's step) before anything is started.
+    if skip_preflight:
+        return [*argv, "--skip-preflight"]
+    return [*argv, "--preflight-passed-by", "fab deploy"]
+
+
 def build_plan(
-    spec: HostSpec,
+    spec: AddressedHost,
     config: Path,
     *,
     cfg: Config,
@@ -145,24 +166,18 @@ def build_plan(
     env = dict(os.environ) if env is None else env
     remote_config = remote.state("config.yaml")
     sets = [w for s in overrides for w in ("--set", s)]
-    launch_argv = [spec.ups_bin, "launch", remote_config, "--run-id", run_id, *sets]
-    if spec.gpus:
-        launch_argv += ["--nproc-per-node", str(spec.gpus)]
-    if node is not None:
-        launch_argv += ["--nnodes", str(node.count), "--node-rank", str(node.rank)]
-        launch_argv += ["--rdzv-endpoint", node.rdzv_endpoint]
-    # Deploy runs preflight itself (the step below) before anything is started.
-    if skip_preflight:
-        launch_argv.append("--skip-preflight")
-    else:
-        launch_argv += ["--preflight-passed-by", "fab deploy"]
+    launch_argv = _launch_argv(spec, remote_config, run_id, sets, node, skip_preflight)
     rdzv_host = node is not None and node.rank == 0
     preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
     preflight += sets
     steps = [
         Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
-        Step("check-code", "compare remote ups/torch versions with this checkout's"),
-        Step("upload", "config, run script, secrets (0600)"),
+        Step(
+            "check-code",
+            "compare remote ups/torch versions with this checkout's",
+            rc.code_info_command(spec.ups_bin),
+        ),
+        Step("upload", "config, run script, secrets (0600)", rc.mkdir_command(remote.state_dir)),
     ]
     if not skip_preflight:
         steps.append(
@@ -177,7 +192,7 @@ def build_plan(
         steps.append(Step("follow", f"stream {remote.launch_log} until the launcher exits"))
     return DeployPlan(
         host=spec.name,
-        kind=spec.kind,
+        kind="container",
         address=address(spec),
         image=spec.image,
         run_id=run_id,

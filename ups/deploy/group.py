@@ -21,7 +21,7 @@ from fabric import Connection
 from ups.config import Config
 from ups.deploy import operate
 from ups.deploy.deploy_plan import DeployPlan, Node, build_plan
-from ups.deploy.errors import DeployError, UsageError
+from ups.deploy.errors import DeployError
 from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.follow import follow
 from ups.deploy.runs import read_result
@@ -54,13 +54,8 @@ def plan_group(
     skip_preflight: bool,
     env: dict[str, str],
 ) -> list[DeployPlan]:
-    """One plan per host, all with the same run id and node 0's rendezvous endpoint."""
-    others = [f"{t.spec.name} ({t.spec.kind})" for t in targets if t.spec.kind != "container"]
-    if others:
-        raise UsageError(
-            f"a job on several hosts runs on `container` hosts only; {', '.join(others)} "
-            "is not. Deploy to such a host on its own."
-        )
+    """One plan per host, all with the same run id and node 0's rendezvous endpoint
+    (every host is a container host: the registry, ``ups.deploy.kinds``, sees to that)."""
     shared = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
     endpoint = _endpoint(targets[0], cfg)
     return [
@@ -182,11 +177,6 @@ def summarize(out: Target, run_id: str, hosts: list[str], codes: list[int], rank
     )
     out.say(f"job {run_id} on {len(hosts)} hosts: exit {code} ({per_node}); {rank0}")
     return code
-
-
-def each(targets: list[Target], fn: Callable[[Target], int]) -> int:
-    """A follow-up task (status, stop) on every host of the job at once; the worst code."""
-    return worst(run_all(targets, lambda i: fn(targets[i])))
 
 
 def fetch(targets: list[Target], run_id: str | None, dest: Path) -> int:

@@ -20,14 +20,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     model_validator,
 )
@@ -38,53 +40,8 @@ from ups.deploy.errors import UsageError
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
-HostKind = Literal["container", "docker", "vast"]
-HOST_KINDS = ("container", "docker", "vast")
-
-_DOCKER = frozenset({"docker"})
-_VAST = frozenset({"vast"})
-KIND_FIELDS: dict[str, frozenset[str]] = {
-    # An address: ups rents the vast instance, so it has none in hosts.yaml.
-    **dict.fromkeys(("host", "port", "jump"), frozenset({"container", "docker"})),
-    **dict.fromkeys(
-        (
-            "registry",
-            "compose_files",
-            "compose_service",
-            "preflight_service",
-            "container_user",
-            "runs_dir",
-            "docker_host",
-        ),
-        _DOCKER,
-    ),
-    **dict.fromkeys(
-        (
-            "offer",
-            "order",
-            "max_price_per_hour",
-            "disk_gb",
-            "interruptible",
-            "max_hours",
-            "on_exit",
-            "setup",
-            "vast_url",
-            "watchdog_key_file",
-            "watchdog_grace_s",
-            "watchdog_poll_s",
-            "boot_timeout_s",
-            "max_recoveries",
-            "max_offers",
-            "ledger_ttl_h",
-            "checkpoint_sync",
-            "sync_every_s",
-            "monitor_s",
-            "ssh_lost_s",
-        ),
-        _VAST,
-    ),
-}
-"""The keys only some kinds take; every other key is shared (SSH, image, workdir...)."""
+KindName = Literal["container", "docker", "vast"]
+HOST_KINDS: tuple[KindName, ...] = ("container", "docker", "vast")
 
 _SAFE = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./@:+=-]*")
 
@@ -107,23 +64,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class HostSpec(_Strict):
-    """One deploy target."""
+class SshHost(_Strict):
+    """What every kind shares: how to log in over SSH and run ups there."""
 
     name: str = ""
     """The key in hosts.yaml (filled in by the loader)."""
-    host: str = ""
-    """Address or ``~/.ssh/config`` alias (its HostName, Port, User, IdentityFile apply)."""
-    port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
     key: str | None = None
     """Private key file; default: the ssh agent and ``~/.ssh/id_*``."""
-    jump: str | None = None
-    """Jump host as ``user@host:port`` (like ``ssh -J``)."""
-    kind: HostKind = "container"
-    """``container``: the host is the ups image (Vast instance); ``docker``: it runs a daemon."""
     image: SafeWord = "ups:latest"
-    """Image reference the host runs (container) or receives (docker)."""
+    """Image reference the host runs (container, vast) or receives (docker)."""
     workdir: SafeWord = "/workspace/ups"
     """Remote directory that holds configs/, data/ and runs/."""
     rdzv_address: SafeWord | None = None
@@ -135,105 +85,188 @@ class HostSpec(_Strict):
     """The ``ups`` executable on a container host."""
     remote_env: str | None = None
     """Shell line run before every remote command (e.g. ``. /opt/venv/bin/activate``)."""
-    registry: str | None = None
-    """docker kind: push ``image`` here and pull it remotely instead of shipping layers."""
-    compose_files: list[SafeWord] = Field(default_factory=lambda: ["docker-compose.yml"])
-    """docker kind: local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
-    compose_service: SafeWord = "train-ddp"
-    preflight_service: SafeWord = "preflight"
-    container_user: SafeWord | None = "1000:1000"
-    """docker kind: uid:gid the image runs as; deploy chowns the runs directory to it."""
-    runs_dir: SafeWord = "runs"
-    """docker kind: host directory (relative to ``workdir``) mounted as the runs volume."""
-    docker_host: str | None = None
-    """docker kind: remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
     ssh_config: str | None = None
     """OpenSSH client config to read aliases from (default: ``~/.ssh/config``)."""
     connect_timeout: float = Field(10.0, gt=0)
     keepalive_s: int = Field(5, ge=1)
 
-    # kind: vast -- no address: ups rents one (ups/deploy/vast/, docs/vast.md).
-    offer: str | None = None
-    """vast: offer query in `vastai search offers` syntax (``gpu_name=RTX_4090 num_gpus=2``)."""
-    order: str = "dph_total"
-    """vast: sort order of the search; the first offer under the price cap is taken."""
-    max_price_per_hour: float | None = Field(None, gt=0)
-    """vast: price cap in $/h (``dph_total`` on demand, the bid when interruptible)."""
-    disk_gb: float = Field(32.0, gt=0)
-    interruptible: bool | float = False
-    """vast: ``true`` bids the offer's minimum bid; a number bids that many $/h."""
-    max_hours: float = Field(12.0, gt=0)
-    """vast: the instance-side watchdog stops the run and ends the instance after this."""
-    on_exit: Literal["destroy", "stop", "keep"] = "destroy"
-    setup: str | None = None
-    """vast: shell command run in ``workdir`` before preflight (e.g. fetch the data)."""
-    vast_url: str | None = None
-    """vast: API server (default: the SDK's, console.vast.ai)."""
-    watchdog_key_file: str | None = None
-    """vast: local file with a scoped API key for the watchdog (else the instance's own)."""
-    watchdog_grace_s: float = Field(300.0, ge=0)
-    """vast: after a run ends, how long the watchdog leaves for a laptop to fetch it."""
-    watchdog_poll_s: float = Field(2.0, gt=0)
-    """vast: how often the watchdog checks its deadline, the runs' exit files and the lease:
-    it acts within this much of ``max_hours`` (a fraction of an hour works: 0.01 = 36 s)."""
-    boot_timeout_s: float = Field(900.0, gt=0)
-    """vast: from create to SSH answering (image pull, boot, key install) before giving up."""
-    max_recoveries: int = Field(3, ge=0)
-    """vast: new instances (or in-place relaunches) after an outbid, a vanished host or a
-    retryable crash, before giving up with exit 8."""
-    max_offers: int = Field(3, ge=1)
-    """vast: offers tried per deploy or recovery when machines fail (a host fault: never
-    running, a driver or pull error, SSH silent, preflight failing there), then exit 7."""
-    ledger_ttl_h: float = Field(72.0, ge=0)
-    """vast: machines that failed here within this many hours are left out of the search."""
-    checkpoint_sync: str = "local"
-    """vast: where checkpoints are copied as they are written: ``local`` (this machine's
-    run directory, over SSH). ``s3://`` buckets are not supported yet."""
-    sync_every_s: float = Field(10.0, gt=0)
-    """vast: how often new checkpoints are looked for on the instance while following."""
-    monitor_s: float = Field(15.0, gt=0)
-    """vast: how often the API is asked about the instance while following: an outbid or a
-    vanished instance is noticed within this (plus one API call)."""
-    ssh_lost_s: float = Field(300.0, gt=0)
-    """vast: SSH unreachable this long while the API still lists the instance running: it
-    is treated as lost and replaced."""
-
     @model_validator(mode="before")
     @classmethod
     def _fields_of_its_kind(cls, data: Any) -> Any:
         """A key that belongs to another kind is an error, not silently ignored."""
-        if isinstance(data, dict):
-            kind = data.get("kind", "container")
+        if isinstance(data, dict) and cls in _MODELS.values():
             for key in data:
-                owners = KIND_FIELDS.get(key)
-                if owners is not None and kind in HOST_KINDS and kind not in owners:
+                owners = [k for k, model in _MODELS.items() if key in model.model_fields]
+                if owners and key not in cls.model_fields:
                     raise PydanticCustomError(
                         "not_of_kind",
                         "not a field of a {kind} host (it belongs to {owners} hosts)",
-                        {"key": key, "kind": kind, "owners": " and ".join(sorted(owners))},
+                        {"key": key, "kind": _kind_of(cls), "owners": " and ".join(owners)},
                     )
         return data
 
+
+class AddressedHost(SshHost):
+    """A host with an address of its own (not rented by ups): what SSH connects to."""
+
+    host: str = ""
+    """Address or ``~/.ssh/config`` alias (its HostName, Port, User, IdentityFile apply)."""
+    port: int | None = Field(None, ge=1, le=65535)
+    jump: str | None = None
+    """Jump host as ``user@host:port`` (like ``ssh -J``)."""
+
     @model_validator(mode="after")
-    def _address_or_offer(self) -> HostSpec:
-        if self.kind == "vast":
-            missing = [f for f in ("offer", "max_price_per_hour") if getattr(self, f) is None]
-            if missing:
-                raise ValueError(f"kind vast needs {' and '.join(missing)}")
-            if self.checkpoint_sync != "local":
-                raise ValueError(
-                    f"checkpoint_sync {self.checkpoint_sync!r} is not supported: only 'local' "
-                    "(checkpoints copied to this machine over SSH as they are written). "
-                    "Syncing to an S3 bucket is not implemented yet; remove the setting."
-                )
-        elif not self.host:
-            raise ValueError(f"kind {self.kind} needs 'host' (an address or ~/.ssh/config alias)")
+    def _needs_address(self) -> AddressedHost:
+        if not self.host:
+            raise ValueError(
+                f"kind {_kind_of(type(self))} needs 'host' (an address or ~/.ssh/config alias)"
+            )
         return self
+
+
+class ContainerHost(AddressedHost):
+    """``kind: container``: the host runs the ups image itself; ups runs over SSH."""
+
+    kind: Literal["container"] = "container"
+
+
+class DockerHost(AddressedHost):
+    """``kind: docker``: a machine with a Docker daemon; the image is shipped, compose runs it."""
+
+    kind: Literal["docker"] = "docker"
+    registry: str | None = None
+    """Push ``image`` here and pull it remotely instead of shipping layers."""
+    compose_files: list[SafeWord] = Field(default_factory=lambda: ["docker-compose.yml"])
+    """Local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
+    compose_service: SafeWord = "train-ddp"
+    preflight_service: SafeWord = "preflight"
+    container_user: SafeWord | None = "1000:1000"
+    """uid:gid the image runs as; deploy chowns the runs directory to it."""
+    runs_dir: SafeWord = "runs"
+    """Host directory (relative to ``workdir``) mounted as the runs volume."""
+    docker_host: str | None = None
+    """Remote ``DOCKER_HOST`` when the daemon is not on the default socket."""
+
+
+class VastHost(SshHost):
+    """``kind: vast``: no address, ups rents one (ups/deploy/vast/, docs/vast.md)."""
+
+    kind: Literal["vast"] = "vast"
+    # -- the rental: what to rent, for how long, what to do with it (one block) --
+    offer: str | None = None
+    """Offer query in `vastai search offers` syntax (``gpu_name=RTX_4090 num_gpus=2``)."""
+    order: str = "dph_total"
+    """Sort order of the search; the first offer under the price cap is taken."""
+    max_price_per_hour: float | None = Field(None, gt=0)
+    """Price cap in $/h (``dph_total`` on demand, the bid when interruptible)."""
+    disk_gb: float = Field(32.0, gt=0)
+    interruptible: bool | float = False
+    """``true`` bids the offer's minimum bid; a number bids that many $/h."""
+    max_hours: float = Field(12.0, gt=0)
+    """The instance-side watchdog stops the run and ends the instance after this."""
+    on_exit: Literal["destroy", "stop", "keep"] = "destroy"
+    setup: str | None = None
+    """Shell command run in ``workdir`` before preflight (e.g. fetch the data)."""
+    vast_url: str | None = None
+    """API server (default: the SDK's, console.vast.ai)."""
+    watchdog_key_file: str | None = None
+    """Local file with a scoped API key for the watchdog (else the instance's own)."""
+    watchdog_grace_s: float = Field(300.0, ge=0)
+    """After a run ends, how long the watchdog leaves for a laptop to fetch it."""
+    watchdog_poll_s: float = Field(2.0, gt=0)
+    """How often the watchdog checks its deadline, the runs' exit files and the lease: it
+    acts within this much of ``max_hours`` (a fraction of an hour works: 0.01 = 36 s)."""
+    boot_timeout_s: float = Field(900.0, gt=0)
+    """From create to SSH answering (image pull, boot, key install) before giving up."""
+    max_recoveries: int = Field(3, ge=0)
+    """New instances (or in-place relaunches) after an outbid, a vanished host or a
+    retryable crash, before giving up with exit 8."""
+    max_offers: int = Field(3, ge=1)
+    """Offers tried per deploy or recovery when machines fail (a host fault: never running,
+    a driver or pull error, SSH silent, preflight failing there), then exit 7."""
+    ledger_ttl_h: float = Field(72.0, ge=0)
+    """Machines that failed here within this many hours are left out of the search."""
+    checkpoint_sync: str = "local"
+    """Where checkpoints are copied as they are written: ``local`` (this machine's
+    run directory, over SSH). ``s3://`` buckets are not supported yet."""
+    sync_every_s: float = Field(10.0, gt=0)
+    """How often new checkpoints are looked for on the instance while following."""
+    monitor_s: float = Field(15.0, gt=0)
+    """How often the API is asked about the instance while following: an outbid or a
+    vanished instance is noticed within this (plus one API call)."""
+    ssh_lost_s: float = Field(300.0, gt=0)
+    """SSH unreachable this long while the API still lists the instance running: it
+    is treated as lost and replaced."""
+    # -- end of the rental block --
+
+    @model_validator(mode="after")
+    def _offer_and_cap(self) -> VastHost:
+        missing = [f for f in ("offer", "max_price_per_hour") if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"kind vast needs {' and '.join(missing)}")
+        if self.checkpoint_sync != "local":
+            raise ValueError(
+                f"checkpoint_sync {self.checkpoint_sync!r} is not supported: only 'local' "
+                "(checkpoints copied to this machine over SSH as they are written). "
+                "Syncing to an S3 bucket is not implemented yet; remove the setting."
+            )
+        return self
+
+    def as_container(self, host: str, port: int | None) -> ContainerHost:
+        """The container host a rented instance of this entry is, once it has an address:
+        the shared fields carry over, the rental's fields stay behind."""
+        shared = self.model_dump(include=set(SshHost.model_fields))
+        shared["user"] = self.user or "root"
+        return ContainerHost(**shared, host=host, port=port)
+
+
+_MODELS: dict[str, type[SshHost]] = {
+    "container": ContainerHost,
+    "docker": DockerHost,
+    "vast": VastHost,
+}
+
+
+def _kind_of(model: type[SshHost]) -> str:
+    return next(k for k, m in _MODELS.items() if m is model)
+
+
+class _UnknownKind(AddressedHost):
+    """An entry whose ``kind`` is none of the kinds: never valid, so its ``kind`` and every
+    other wrong key are reported together."""
+
+    kind: KindName
+
+
+def _kind_tag(entry: Any) -> str:
+    """The model an entry is read with: its ``kind`` key (default container)."""
+    if not isinstance(entry, dict):  # an entry already read (a model instance)
+        return next((k for k, m in _MODELS.items() if isinstance(entry, m)), "unknown")
+    kind = entry.get("kind", "container")
+    return kind if kind in HOST_KINDS else "unknown"
+
+
+HostSpec = ContainerHost | DockerHost | VastHost
+"""One hosts.yaml entry: one model per kind."""
+
+if TYPE_CHECKING:
+    _Entry = HostSpec  # what a validated entry is: _UnknownKind never validates
+else:
+    _Entry = Annotated[
+        Annotated[ContainerHost, Tag("container")]
+        | Annotated[DockerHost, Tag("docker")]
+        | Annotated[VastHost, Tag("vast")]
+        | Annotated[_UnknownKind, Tag("unknown")],
+        Discriminator(_kind_tag),
+    ]
+"""How an entry is read: the model of its ``kind`` (default container); a kind that is none
+of them is read as ``_UnknownKind``, so its ``kind`` and every other wrong key are reported
+together."""
 
 
 class HostsFile(_Strict):
     known_hosts: str = str(DEFAULT_KNOWN_HOSTS)
-    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+    hosts: dict[str, _Entry] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict)
     """Named host lists for one job on several hosts (``fab deploy --host GROUP``); the
     first host is node 0, which hosts the rendezvous."""
@@ -245,8 +278,11 @@ def hosts_file_path(path: str | Path | None = None) -> Path:
 
 
 def _loc(error: Any) -> tuple[Any, ...]:
-    """The key path of a validation error; a key of the wrong kind ends the path itself."""
+    """The key path of a validation error, as the user wrote it: without the kind tag
+    pydantic adds under a host; a key of the wrong kind ends the path itself."""
     loc = tuple(error["loc"])
+    if loc[:1] == ("hosts",) and len(loc) > 2 and loc[2] in (*HOST_KINDS, "unknown"):
+        loc = (*loc[:2], *loc[3:])
     return (*loc, error["ctx"]["key"]) if error["type"] == "not_of_kind" else loc
 
 

@@ -17,7 +17,6 @@ from typing import Any
 from fabric import Connection
 
 import ups
-from ups.deploy import kinds
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan, script_for
 from ups.deploy.errors import DeployError, PreflightFailed
@@ -30,12 +29,10 @@ from ups.log import render_line
 from ups.pins import pinned_versions
 
 
-def check_code(target: Target, conn: Connection) -> dict[str, Any]:
+def check_code(target: Target, conn: Connection, plan: DeployPlan) -> dict[str, Any]:
     """Fail unless the remote ups and torch versions match this checkout and pins.toml."""
     spec = target.spec
-    result = conn.run(
-        rc.code_info_command(spec.ups_bin, spec.remote_env), hide=True, warn=True, in_stream=False
-    )
+    result = run(conn, plan.step("check-code").command or "", spec)
     if result.exited != 0:
         raise DeployError(
             f"cannot run ups on {spec.name!r} ({spec.ups_bin}): {result.stderr.strip()}. Set "
@@ -82,7 +79,7 @@ def sync_wheel(target: Target, conn: Connection, wheel: Path) -> None:
 
 def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
     r = plan.remote
-    result = run(conn, rc.mkdir_command(r.state_dir), target.spec)
+    result = run(conn, plan.step("upload").command or "", target.spec)
     if result.exited != 0:
         raise DeployError(f"cannot create {r.state_dir} on {plan.host!r}: {result.stderr}")
     conn.sftp().put(plan.config, r.state("config.yaml"))
@@ -109,7 +106,7 @@ def prepare(
     plan, offset = settle(target, conn, plan, replan)
     if sync is not None:
         sync_wheel(target, conn, sync)
-    check_code(target, conn)
+    check_code(target, conn, plan)
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:
@@ -183,14 +180,19 @@ def status(target: Target, run_id: str | None) -> int:
     return 0
 
 
-def stop(target: Target, run_id: str | None, timeout_s: float = STOP_WAIT_S) -> int:
-    """SIGTERM the launcher and wait for the preemption checkpoint and outcome."""
+def stop(
+    target: Target,
+    run_id: str | None,
+    stop_command: Callable[[rc.RemoteRun], str] = rc.stop_command,
+    timeout_s: float = STOP_WAIT_S,
+) -> int:
+    """SIGTERM the run (``stop_command``: its kind's way) and wait for the preemption
+    checkpoint and outcome."""
     spec = target.spec
     conn = target.connect()
     try:
         found = resolve_run(target, conn, run_id)
-        command = kinds.get(spec.kind).stop_command(spec, found, timeout_s)
-        result = run(conn, command, spec)
+        result = run(conn, stop_command(found), spec)
         target.say(f"stop {found.run_id}: {result.stdout.strip() or result.stderr.strip()}")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -11,7 +11,6 @@ a 0600 file that the run script sources).
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -106,10 +105,6 @@ def read_file_command(path: str) -> str:
 
 def file_size_command(path: str) -> str:
     return f"if [ -f {q(path)} ]; then wc -c < {q(path)}; else echo 0; fi"
-
-
-WANDB_KEY_FILE = "wandb_api_key"
-"""docker kind: the W&B key as a 0600 file in the run's state directory (a compose secret)."""
 
 
 def secrets_line(run: RemoteRun) -> str:
@@ -239,14 +234,14 @@ def vast_onstart_command(
     return "\n".join(line for line in lines if line) + "\n"
 
 
-def code_info_command(ups_bin: str, remote_env: str | None) -> str:
+def code_info_command(ups_bin: str) -> str:
     """Print the remote ``ups`` and ``torch`` versions as JSON, using ups's own interpreter."""
     probe = (
         "import json, ups, torch; "
         "print(json.dumps({'ups': ups.__version__, 'torch': torch.__version__, "
         "'cuda': torch.version.cuda}))"
     )
-    return with_env(remote_env, f"{ups_python(ups_bin, required=True)}; $PY -c {q(probe)}")
+    return f"{ups_python(ups_bin, required=True)}; $PY -c {q(probe)}"
 
 
 def pip_install_command(ups_bin: str, wheel: str) -> str:
@@ -273,100 +268,3 @@ def preflight_argv(
     if gpus:
         words += ["--gpus", str(gpus)]
     return words
-
-
-# -- the docker kind ------------------------------------------------------------------------
-
-
-def compose_project(run_id: str) -> str:
-    """Compose project name for a run (compose allows ``[a-z0-9_-]``)."""
-    return "ups-" + re.sub(r"[^a-z0-9_-]", "-", run_id.lower())
-
-
-def docker_argv(docker_host: str | None) -> list[str]:
-    return ["env", f"DOCKER_HOST={docker_host}", "docker"] if docker_host else ["docker"]
-
-
-def compose_argv(
-    *,
-    run: RemoteRun,
-    image: str,
-    compose_files: Sequence[str],
-    docker_host: str | None,
-) -> list[str]:
-    """``docker compose`` with the run's project name, files and environment."""
-    env = {
-        "UPS_IMAGE": image,
-        "UPS_IMAGE_CPU": image,  # the CPU override (docker/compose.cpu.yml) reads this
-        "UPS_RUN_ID": run.run_id,
-        "UPS_CONFIG": posixpath.relpath(run.state("config.yaml"), run.workdir),
-        "UPS_WANDB_KEY_FILE": run.state(WANDB_KEY_FILE),  # a file's path, never the key
-    }
-    if docker_host:
-        env["DOCKER_HOST"] = docker_host
-    files = [w for f in compose_files for w in ("-f", posixpath.basename(f))]
-    return [
-        "env",
-        *(f"{k}={v}" for k, v in env.items()),
-        "docker",
-        "compose",
-        "-p",
-        compose_project(run.run_id),
-        *files,
-    ]
-
-
-def watcher_script(
-    run: RemoteRun, compose: Sequence[str], service: str, docker_host: str | None
-) -> str:
-    """Detached watcher: record the container id, its pid file, and its exit code."""
-    s = run.state
-    docker = argv(*docker_argv(docker_host))
-    return "\n".join(
-        [
-            "#!/bin/sh",
-            f"cd {q(run.workdir)} || exit 1",
-            f"cid=$({argv(*compose, 'ps', '-q', service)})",
-            f'echo "$cid" > {q(s("cid"))}',
-            f"echo $$ > {q(s('pid'))}",
-            f'code=$({docker} wait "$cid")',
-            f'echo "${{code:-1}}" > {q(s("exit.tmp"))}',
-            f"mv {q(s('exit.tmp'))} {q(s('exit'))}",
-            "",
-        ]
-    )
-
-
-def compose_command(run: RemoteRun, compose: Sequence[str], *args: str) -> str:
-    """A compose command run in the workdir with the run's secrets in its environment."""
-    return f"cd {q(run.workdir)} && {secrets_line(run)} && {argv(*compose, *args)}"
-
-
-def prepare_dirs_command(run: RemoteRun, runs_dir: str, owner: str | None) -> str:
-    """Create the state and runs directories; hand the runs volume to the image's user."""
-    mk = mkdir_command(run.state_dir, runs_dir)
-    if not owner:
-        return mk
-    # Best effort: without the right to chown, preflight in the container reports it.
-    return f"{mk} && {{ {argv('chown', owner, runs_dir)} 2>/dev/null || true; }}"
-
-
-def docker_stop_command(run: RemoteRun, docker_host: str | None, timeout_s: float) -> str:
-    """SIGTERM the training container and give it time to write its checkpoint."""
-    docker = argv(*docker_argv(docker_host), "stop", "-t", str(int(timeout_s)))
-    return f"{docker} $(cat {q(run.state('cid'))})"
-
-
-def docker_preflight_command(
-    image: str, docker_host: str | None, gpus: int, config: str | None
-) -> str:
-    """Preflight inside the image, so the checks see what the container sees."""
-    words = [*docker_argv(docker_host), "run", "--rm"]
-    if gpus:
-        words += ["--gpus", "all"]
-    words += ["--ipc", "host", "--network", "host"]
-    mount = '-v "$PWD/data:/app/data"'  # $PWD is the workdir: expanded by the remote shell
-    tail = ["--entrypoint", "ups", image, "preflight", "--events", "off"]
-    if config:
-        tail += ["--config", config]
-    return f"{argv(*words)} {mount} {argv(*tail)}"

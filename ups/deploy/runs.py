@@ -11,7 +11,7 @@ from fabric import Connection
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError, UsageError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import SshHost
 from ups.deploy.session import Target, run
 from ups.outcome import Outcome
 from ups.runid import run_id_problem
@@ -36,7 +36,7 @@ class RunState:
         return self.outcome is not None and self.outcome.outcome == "finished"
 
 
-def _checked_id(spec: HostSpec, run_id: str, where: str) -> str:
+def _checked_id(spec: SshHost, run_id: str, where: str) -> str:
     # An id read back from the host is checked like one typed by the user: it goes into
     # paths and commands, and a tampered or corrupt `latest` link must not steer them.
     if problem := run_id_problem(run_id):
@@ -76,14 +76,12 @@ def resolve_run(target: Target, conn: Connection, run_id: str | None) -> rc.Remo
     return found
 
 
-def read_outcome(conn: Connection, found: rc.RemoteRun, spec: HostSpec) -> Outcome | None:
+def read_outcome(conn: Connection, found: rc.RemoteRun, spec: SshHost) -> Outcome | None:
     text = run(conn, rc.read_file_command(found.outcome), spec).stdout
     return Outcome(**json.loads(text)) if text.strip() else None
 
 
-def read_result(
-    conn: Connection, found: rc.RemoteRun, spec: HostSpec
-) -> tuple[int, Outcome | None]:
+def read_result(conn: Connection, found: rc.RemoteRun, spec: SshHost) -> tuple[int, Outcome | None]:
     """The run's exit code: outcome.json's, else the launcher's, else 1."""
     outcome = read_outcome(conn, found, spec)
     if outcome is not None:

@@ -1,7 +1,7 @@
 """What every host kind shares: a resolved target, its verified connection, remote commands.
 
 :mod:`ups.deploy.operate` (the ``container`` kind and the follow-up tasks) and
-:mod:`ups.deploy.docker_kind` both build on this module and never on each other.
+:mod:`ups.deploy.kinds.docker` both build on this module and never on each other.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from fabric import Connection
 from ups.deploy import remote as rc
 from ups.deploy.connect import connect
 from ups.deploy.errors import PreflightFailed
-from ups.deploy.hosts import HostSpec
-from ups.log import render_line
+from ups.deploy.hosts import AddressedHost, SshHost
+from ups.log import get_logger, render_line
+
+log = get_logger("deploy")
 
 _SAY = threading.Lock()
 """Nodes of one job are followed in threads; a line is written whole, never interleaved."""
@@ -27,7 +29,7 @@ _SAY = threading.Lock()
 class Target:
     """A host from hosts.yaml, where its keys are checked, and where output goes."""
 
-    spec: HostSpec
+    spec: AddressedHost
     known_hosts: Path
     out: TextIO
     label: str = ""
@@ -36,16 +38,26 @@ class Target:
     def connect(self) -> Connection:
         return connect(self.spec, self.known_hosts)
 
+    def labelled(self, text: str) -> str:
+        """``text`` with this host's label on every line."""
+        if not self.label:
+            return text
+        return "\n".join(f"{self.label}{line}" for line in text.split("\n"))
+
     def say(self, text: str) -> None:
-        if self.label:
-            text = "\n".join(f"{self.label}{line}" for line in text.split("\n"))
+        text = self.labelled(text)
         with _SAY:
             self.out.write(text + "\n")
             self.out.flush()
 
 
-def run(conn: Connection, command: str, spec: HostSpec) -> Any:
-    """Run a shell command built by :mod:`ups.deploy.remote`; never raises on exit status."""
+def run(conn: Connection, command: str, spec: SshHost) -> Any:
+    """Run a shell command built by :mod:`ups.deploy.remote`; never raises on exit status.
+
+    The one place deploy runs a remote command (log streams and fetch's tar open their own
+    channels): each is logged as a ``remote_command`` debug event, so a test can compare
+    what ran with what ``--dry-run`` printed."""
+    log.debug("remote_command", host=spec.name, command=command)
     return conn.run(rc.with_env(spec.remote_env, command), hide=True, warn=True, in_stream=False)
 
 
@@ -82,9 +94,10 @@ def _is_check_event(line: str) -> bool:
 
 
 def remote_preflight(target: Target, conn: Connection, command: str) -> None:
-    """Run preflight on the host and show its report; raise with the report on failure."""
+    """Run preflight on the host (``command``, as planned) and show its report; raise with
+    the report on failure."""
     spec = target.spec
-    result = run(conn, rc.in_dir(spec.workdir, command), spec)
+    result = run(conn, command, spec)
     report = result.stdout + result.stderr
     show_report(target, report)
     if result.exited != 0:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ups.deploy import group, kinds, operate
+from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import check_run_flag
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, HostGone, UsageError
 from ups.deploy.fetch import fetch as fetch_one
-from ups.deploy.hosts import get_hosts
+from ups.deploy.hosts import HostSpec, get_hosts
+from ups.deploy.remote import RemoteRun
 from ups.deploy.request import DeployRequest, refuse_unsupported
 from ups.deploy.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
@@ -30,21 +33,37 @@ def command_log() -> Path:
     return state_dir() / "logs" / "commands.jsonl"
 
 
-def _targets(
+@dataclass(frozen=True)
+class _Attached:
+    """A host of ``--host`` for a follow-up task: its kind, its entry, where it runs."""
+
+    host_kind: kinds.HostKind
+    spec: HostSpec
+    target: Target
+
+
+def _attached(
     host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
-) -> list[Target]:
+) -> list[_Attached]:
     specs, known_hosts = get_hosts(_need_host(host), hosts_file)
-    specs = [kinds.get(spec.kind).attach(spec, run) for spec in specs]
     label = len(specs) > 1
-    return [
-        Target(
-            spec=spec,
+    found = []
+    for i, spec in enumerate(specs):
+        kind = kinds.of(spec)
+        target = Target(
+            spec=kind.attach(spec, run),
             known_hosts=known_hosts,
             out=out,
             label=f"[node{i} {spec.name}] " if label else "",
         )
-        for i, spec in enumerate(specs)
-    ]
+        found.append(_Attached(kind, spec, target))
+    return found
+
+
+def _targets(
+    host: str | None, hosts_file: str | None, out: TextIO, run: str | None = None
+) -> list[Target]:
+    return [a.target for a in _attached(host, hosts_file, out, run)]
 
 
 def _need_host(host: str | None) -> str:
@@ -88,9 +107,13 @@ def deploy(request: DeployRequest, out: TextIO = sys.stdout) -> int:
     or API is contacted.
     """
     specs, known_hosts = get_hosts(_need_host(request.host), request.hosts_file)
-    kind = kinds.kind_for(specs, request.host or "")
+    kind = kinds.for_hosts(specs, request.host or "")
     refuse_unsupported(request, kind, request.host or "")
-    return kind.deploy(request, specs, known_hosts, out)
+    plan = kind.plan(request, specs, known_hosts, out)
+    # The object printed here is the one run below: --dry-run shows exactly what runs.
+    out.write(plan.render() + "\n")
+    out.flush()
+    return 0 if request.dry_run else plan.run()
 
 
 def preflight(
@@ -102,8 +125,10 @@ def preflight(
 ) -> int:
     """Run preflight on each host as it is (with a config path on the host, if given)."""
 
-    def one(target: Target) -> int:
-        command = kinds.get(target.spec.kind).preflight_command(target.spec, config)
+    def one(node: _Attached) -> int:
+        target = node.target
+        command = node.host_kind.preflight_command(node.spec, config)
+        command = rc.in_dir(target.spec.workdir, command)
         conn = target.connect()
         try:
             remote_preflight(target, conn, command)
@@ -118,13 +143,13 @@ def _on_each(
     host: str | None,
     hosts_file: str | None,
     out: TextIO,
-    fn: Callable[[Target], int],
+    fn: Callable[[_Attached], int],
     run: str | None = None,
 ) -> int:
-    targets = _targets(host, hosts_file, out, run)
-    if len(targets) == 1:
-        return fn(targets[0])
-    return group.each(targets, fn)
+    found = _attached(host, hosts_file, out, run)
+    if len(found) == 1:
+        return fn(found[0])
+    return group.worst(group.run_all([a.target for a in found], lambda i: fn(found[i])))
 
 
 def logs(
@@ -138,7 +163,7 @@ def logs(
     check_run_flag(run)
     mirror = Path(save) if save else None
     try:
-        return _on_each(host, hosts_file, out, lambda t: operate.logs(t, run, mirror), run)
+        return _on_each(host, hosts_file, out, lambda a: operate.logs(a.target, run, mirror), run)
     except HostGone as gone:  # e.g. a vast run whose instance is gone: its saved log
         if gone.replay is None:
             raise
@@ -153,7 +178,7 @@ def status(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: operate.status(t, run), run)
+    return _on_each(host, hosts_file, out, lambda a: operate.status(a.target, run), run)
 
 
 def stop(
@@ -165,7 +190,14 @@ def stop(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda t: operate.stop(t, run, timeout), run)
+
+    def one(node: _Attached) -> int:
+        def command(found: RemoteRun) -> str:
+            return node.host_kind.stop_command(node.spec, found, timeout)
+
+        return operate.stop(node.target, run, command, timeout)
+
+    return _on_each(host, hosts_file, out, one, run)
 
 
 def fetch(
@@ -186,14 +218,14 @@ def fetch(
 def instances(
     host: str, *, hosts_file: str | None = None, ledger: bool = False, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.kinds import vast
+    from ups.deploy.vast import kind
 
-    return vast.instances(host, hosts_file, out, ledger)
+    return kind.instances(host, hosts_file, out, ledger)
 
 
 def down(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.kinds import vast
+    from ups.deploy.vast import kind
 
-    return vast.down(host, run, hosts_file, out)
+    return kind.down(host, run, hosts_file, out)

@@ -1,21 +1,26 @@
 """Host kinds behind one interface, found through one registry.
 
 Each kind (``container``, ``docker``, ``vast``, and ``group``: one job on several
-container hosts) is a module here exposing ``KIND``, an object with the
-:class:`HostKind` methods. :func:`kind_for` is the only place that looks at an entry's
-``kind`` to choose; the callers (``ups.deploy.tasks``) never branch on it. Kinds load on
-first use, so a docker deploy never imports the Vast SDK and no kind imports torch.
+container hosts, a composition of the container kind) exposes ``KIND``, an object with
+the :class:`HostKind` methods. :func:`of` and :func:`for_hosts` are the only places that
+look at an entry's ``kind`` to choose; the callers (``ups.deploy.tasks``) never branch
+on it. Kinds load on first use, so a docker deploy never imports the Vast SDK and no
+kind imports torch.
+
+As torchx's ``submit_dryrun``: :meth:`HostKind.plan` builds the whole deploy once, as an
+object whose :meth:`KindPlan.render` is what ``--dry-run`` prints and whose
+:meth:`KindPlan.run` executes those same commands.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TextIO
 
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost, HostSpec
 from ups.deploy.remote import RemoteRun
 from ups.deploy.request import DeployRequest
 
@@ -24,14 +29,31 @@ GROUP = "group"
 _MODULES = {
     "container": "ups.deploy.kinds.container",
     "docker": "ups.deploy.kinds.docker",
-    "vast": "ups.deploy.kinds.vast",
+    "vast": "ups.deploy.vast.kind",
     GROUP: "ups.deploy.kinds.group",
 }
 NAMES = tuple(_MODULES)
 
 
+class KindPlan(Protocol):
+    """One deploy, planned: printed by ``--dry-run``, executed otherwise."""
+
+    def render(self) -> str:
+        """What will run, every remote command as it is sent."""
+        ...
+
+    def run(self) -> int:
+        """Carry the plan out (the commands :meth:`render` shows); the exit code."""
+        ...
+
+
 class HostKind(Protocol):
-    """What deploy needs from a kind of host."""
+    """What deploy and its follow-up tasks need from a kind of host.
+
+    Logs, status and fetch read the same remote layout on every kind
+    (:mod:`ups.deploy.remote`), so a kind takes part in them through :meth:`attach`;
+    stop and preflight differ per kind and are methods.
+    """
 
     name: str
     supported: frozenset[str]
@@ -40,13 +62,17 @@ class HostKind(Protocol):
     instead: Mapping[str, str]
     """For a refused option: what to do instead (one sentence or two)."""
 
-    def deploy(
-        self, request: DeployRequest, specs: list[HostSpec], known_hosts: Path, out: TextIO
-    ) -> int:
-        """Plan, print the plan, and (unless ``request.dry_run``) run it."""
+    def plan(
+        self,
+        request: DeployRequest,
+        specs: Sequence[HostSpec],
+        known_hosts: Path,
+        out: TextIO,
+    ) -> KindPlan:
+        """Plan the deploy (contacting nothing but, for vast, the offer search)."""
         ...
 
-    def attach(self, spec: HostSpec, run: str | None) -> HostSpec:
+    def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
         """The SSH-reachable host that runs (or ran) ``run`` for this entry."""
         ...
 
@@ -65,13 +91,25 @@ def get(name: str) -> HostKind:
     return kind
 
 
-def kind_for(specs: list[HostSpec], host: str) -> HostKind:
-    """The kind that deploys to ``specs``: the entry's own kind, or ``group`` for several."""
+def of(spec: HostSpec) -> HostKind:
+    """The kind of one hosts.yaml entry."""
+    return get(spec.kind)
+
+
+def for_hosts(specs: Sequence[HostSpec], host: str) -> HostKind:
+    """The kind that deploys to ``specs``: the entry's own kind, or ``group`` for several
+    (a job on several hosts is made of container hosts only)."""
     if len(specs) == 1:
-        return get(specs[0].kind)
+        return of(specs[0])
     if any(spec.kind == "vast" for spec in specs):
         raise UsageError(
             f"--host {host}: a vast entry rents its own single instance; it cannot be a "
             "node of a multi-host job yet. Deploy it alone (--host NAME)."
+        )
+    others = [f"{s.name} ({s.kind})" for s in specs if s.kind != "container"]
+    if others:
+        raise UsageError(
+            f"a job on several hosts runs on `container` hosts only; {', '.join(others)} "
+            "is not. Deploy to such a host on its own."
         )
     return get(GROUP)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
@@ -11,9 +12,41 @@ from typing import TextIO
 from ups.deploy import operate
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost, ContainerHost, HostSpec
 from ups.deploy.request import OPTIONS, DeployRequest
 from ups.deploy.session import Target
+
+
+@dataclass
+class ContainerDeploy:
+    """The plan of one container deploy; :meth:`run` sends the commands it shows."""
+
+    target: Target
+    plan: DeployPlan
+    replan: Callable[[str | None], DeployPlan]
+    """The same plan for the run found on the host (a continued run keeps its id)."""
+    env: dict[str, str]
+    sync: Path | None = None
+    mirror: Path | None = None
+
+    def render(self) -> str:
+        return self.target.labelled(self.plan.render())
+
+    def run(self) -> int:
+        return operate.deploy(
+            self.target,
+            self.plan,
+            env=self.env,
+            replan=self.replan,
+            sync=self.sync,
+            mirror=self.mirror,
+        )
+
+
+def own(spec: HostSpec) -> ContainerHost:
+    """``spec`` as the container entry the registry chose this kind for."""
+    assert isinstance(spec, ContainerHost), spec
+    return spec
 
 
 class Container:
@@ -21,10 +54,10 @@ class Container:
     supported = frozenset(OPTIONS)
     instead: Mapping[str, str] = MappingProxyType({})
 
-    def deploy(
-        self, request: DeployRequest, specs: list[HostSpec], known_hosts: Path, out: TextIO
-    ) -> int:
-        target = Target(spec=specs[0], known_hosts=known_hosts, out=out)
+    def plan(
+        self, request: DeployRequest, specs: Sequence[HostSpec], known_hosts: Path, out: TextIO
+    ) -> ContainerDeploy:
+        target = Target(spec=own(specs[0]), known_hosts=known_hosts, out=out)
         cfg = load_run_config(request.config, request.overrides)
         env = dict(os.environ)
 
@@ -41,16 +74,12 @@ class Container:
                 env=env,
             )
 
-        plan = replan(request.run)
-        target.say(plan.render())
-        if request.dry_run:
-            return 0
-        return operate.deploy(
-            target, plan, env=env, replan=replan, sync=request.sync_wheel, mirror=request.save
+        return ContainerDeploy(
+            target, replan(request.run), replan, env, request.sync_wheel, request.save
         )
 
-    def attach(self, spec: HostSpec, run: str | None) -> HostSpec:
-        return spec
+    def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
+        return own(spec)
 
     def preflight_command(self, spec: HostSpec, config: str | None) -> str:
         return rc.argv(*rc.preflight_argv(spec.ups_bin, config, spec.gpus))

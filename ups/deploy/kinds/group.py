@@ -1,20 +1,43 @@
-"""One job on several ``container`` hosts: one torchrun node agent per host (composition of
-the container kind; the plans come from :mod:`ups.deploy.group`)."""
+"""One job on several ``container`` hosts: one torchrun node agent per host.
+
+A composition of the container kind: each node is planned and attached as a container
+host; :mod:`ups.deploy.group` adds the shared run id, the rendezvous and the start order.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
 from ups.deploy import group
 from ups.deploy import remote as rc
-from ups.deploy.deploy_plan import load_run_config
-from ups.deploy.hosts import HostSpec
+from ups.deploy.deploy_plan import DeployPlan, load_run_config
+from ups.deploy.hosts import AddressedHost, HostSpec
 from ups.deploy.kinds.container import KIND as CONTAINER
+from ups.deploy.kinds.container import own
 from ups.deploy.request import DeployRequest
 from ups.deploy.session import Target
+
+
+@dataclass
+class GroupDeploy:
+    """One plan per node; :meth:`run` sends the commands :meth:`render` shows."""
+
+    targets: list[Target]
+    plans: list[DeployPlan]
+    env: dict[str, str]
+
+    def render(self) -> str:
+        return "\n".join(
+            t.labelled(p.render()) for t, p in zip(self.targets, self.plans, strict=True)
+        )
+
+    def run(self) -> int:
+        return group.deploy(self.targets, self.plans, env=self.env)
 
 
 class Group:
@@ -30,11 +53,11 @@ class Group:
         }
     )
 
-    def deploy(
-        self, request: DeployRequest, specs: list[HostSpec], known_hosts: Path, out: TextIO
-    ) -> int:
+    def plan(
+        self, request: DeployRequest, specs: Sequence[HostSpec], known_hosts: Path, out: TextIO
+    ) -> GroupDeploy:
         targets = [
-            Target(spec=s, known_hosts=known_hosts, out=out, label=f"[node{i} {s.name}] ")
+            Target(spec=own(s), known_hosts=known_hosts, out=out, label=f"[node{i} {s.name}] ")
             for i, s in enumerate(specs)
         ]
         env = dict(os.environ)
@@ -48,11 +71,9 @@ class Group:
             skip_preflight=request.skip_preflight,
             env=env,
         )
-        for t, p in zip(targets, plans, strict=True):
-            t.say(p.render())
-        return 0 if request.dry_run else group.deploy(targets, plans, env=env)
+        return GroupDeploy(targets, plans, env)
 
-    def attach(self, spec: HostSpec, run: str | None) -> HostSpec:
+    def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
         return CONTAINER.attach(spec, run)
 
     def preflight_command(self, spec: HostSpec, config: str | None) -> str:

@@ -40,7 +40,7 @@ def start(runs_dir: Path, run_id: str) -> int:
 
 def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
     """Supervise run ``run_id`` from its saved state, as a followed deploy would."""
-    from ups.deploy.hosts import get_host
+    from ups.deploy.hosts import VastHost, get_host
     from ups.deploy.vast import ops
 
     if problem := run_id_problem(run_id):
@@ -52,17 +52,21 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
             f"`fab deploy --host HOST --run {run_id} --detach` starts one."
         )
     spec, known_hosts = get_host(state.host, state.hosts_file)
-    return ops.deploy(
+    if not isinstance(spec, VastHost):
+        raise UsageError(f"host {state.host!r} of run {run_id} is no longer a vast entry.")
+    deploy = ops.plan(
         spec,
         known_hosts,
         Path(state.config),
         out,
         run_id=run_id,
         overrides=tuple(state.overrides),
-        dry_run=False,
-        detach=False,
+        follow=True,
         skip_preflight=False,
         mirror=None,
         hosts_file=state.hosts_file,
         mode="detached",
     )
+    out.write(deploy.render() + "\n")
+    out.flush()
+    return deploy.run()

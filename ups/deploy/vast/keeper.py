@@ -30,7 +30,7 @@ from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.follow import follow
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import VastHost
 from ups.deploy.runs import existing, read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
@@ -88,7 +88,7 @@ class Keeper:
         self.pending: Pending | None = None
 
     @property
-    def spec(self) -> HostSpec:
+    def spec(self) -> VastHost:
         return self.lc.plan.spec
 
     def say(self, text: str) -> None:
@@ -177,7 +177,7 @@ class Keeper:
         ``attach``: the instance was rented by an earlier supervisor; a run already there
         (alive or ended) is followed from where the local log stops, never launched again.
         """
-        spec = target.spec
+        spec = self.spec  # the vast entry: the instance's container host has no rental knobs
         while True:
             conn = target.connect()
             try:

@@ -1,4 +1,4 @@
-"""What the fabfile calls for vast hosts: ``deploy``, ``instances`` and ``down``."""
+"""What the vast kind does: plan and run a deploy, ``instances``, ``down``, attach."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from ups.console.format import render_line
 from ups.deploy.deploy_plan import load_run_config
 from ups.deploy.errors import DeployError, HostGone, UsageError
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import ContainerHost, VastHost
 from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
@@ -21,10 +22,10 @@ from ups.deploy.vast.instance import Instance, State, label_for
 from ups.deploy.vast.keeper import run
 from ups.deploy.vast.ledger import Ledger, render
 from ups.deploy.vast.rental import Lifecycle, describe_timings
-from ups.deploy.vast.rental_plan import build_vast_plan, container_spec
+from ups.deploy.vast.rental_plan import VastPlan, build_vast_plan
 
 
-def _watchdog_key(spec: HostSpec) -> str | None:
+def _watchdog_key(spec: VastHost) -> str | None:
     if not spec.watchdog_key_file:
         return None
     path = Path(spec.watchdog_key_file).expanduser()
@@ -38,88 +39,127 @@ def _watchdog_key(spec: HostSpec) -> str | None:
         ) from None
 
 
-def deploy(
-    spec: HostSpec,
+@dataclass
+class VastDeploy:
+    """The vast plan and what carrying it out needs; :meth:`run` rents and deploys it."""
+
+    api: VastApi
+    plan: VastPlan
+    known_hosts: Path
+    out: TextIO
+    env: dict[str, str]
+    skip_preflight: bool
+    watchdog_key: str | None
+    mirror: Path | None
+    spec: VastHost
+    config: Path
+    overrides: tuple[str, ...]
+    hosts_file: str | None
+    mode: str
+
+    def render(self) -> str:
+        return self.plan.render()
+
+    def run(self) -> int:
+        """Supervise the run: take its lease, rent (or pick up) and follow it; a detached
+        deploy (``follow`` off) leaves a supervisor behind in the background."""
+        plan, spec, out = self.plan, self.spec, self.out
+        detach = not plan.deploy.follow
+        run_dir = plan.local_runs / plan.run_id
+        fresh = supervision.State(
+            run_id=plan.run_id,
+            host=spec.name,
+            config=str(self.config.resolve()),
+            hosts_file=str(Path(self.hosts_file).resolve()) if self.hosts_file else None,
+            overrides=list(self.overrides),
+        )
+        bucket = bucket_state.open_for(plan.cfg)
+
+        def say(text: str) -> None:
+            out.write(text + "\n")
+
+        mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
+        sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
+        held = lease.Lease(run_dir, plan.run_id, self.mode, bucket)
+        held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
+        try:
+            if detach and known:  # the run exists: its background supervisor picks it up
+                if sup.state.ended:
+                    raise UsageError(
+                        f"run {plan.run_id} already ended ({sup.state.ended}; {sup.path}). "
+                        "Start a new run with another --run ID (or without --run)."
+                    )
+                code = 0
+            else:
+                lifecycle = Lifecycle(self.api, plan, self.known_hosts, out)
+                sup.save()
+                code = run(
+                    lifecycle,
+                    env=self.env,
+                    skip_preflight=self.skip_preflight,
+                    watchdog_key=self.watchdog_key,
+                    sup=sup,
+                    bucket=bucket,
+                    mirror=self.mirror,
+                )
+                lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+        finally:
+            held.release()
+        if detach:
+            pid = background.start(plan.local_runs, plan.run_id)
+            out.write(
+                f"supervisor pid {pid} follows run {plan.run_id} in the background (log "
+                f"{run_dir / background.LOG}): it syncs checkpoints and recovers the run if the "
+                f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
+            )
+        return code
+
+
+def plan(
+    spec: VastHost,
     known_hosts: Path,
     config: Path,
     out: TextIO,
     *,
     run_id: str | None,
     overrides: tuple[str, ...] = (),
-    dry_run: bool,
-    detach: bool,
+    follow: bool,
     skip_preflight: bool,
     mirror: Path | None,
     hosts_file: str | None = None,
     mode: str = "following",
-) -> int:
-    """Plan, then supervise the run (``mode`` says how: ``following`` in a terminal, or
-    ``detached`` for ``ups supervise``); a detached deploy leaves a supervisor behind."""
+) -> VastDeploy:
+    """Search offers and plan the rental and the deploy on it (creates nothing). ``mode``
+    says how the run will be supervised: ``following`` in a terminal, or ``detached`` for
+    ``ups supervise``."""
     env = dict(os.environ)
     api = VastApi(spec.vast_url)
     watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
-    plan = build_vast_plan(
+    vast_plan = build_vast_plan(
         spec,
         config,
         api,
         run_id=run_id,
         overrides=overrides,
-        follow=not detach,
+        follow=follow,
         skip_preflight=skip_preflight,
         env=env,
     )
-    out.write(plan.render() + "\n")
-    out.flush()
-    if dry_run:
-        return 0
-    run_dir = plan.local_runs / plan.run_id
-    fresh = supervision.State(
-        run_id=plan.run_id,
-        host=spec.name,
-        config=str(config.resolve()),
-        hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None,
-        overrides=list(overrides),
+    return VastDeploy(
+        api,
+        vast_plan,
+        known_hosts,
+        out,
+        env,
+        skip_preflight,
+        watchdog_key,
+        mirror,
+        spec=spec,
+        config=config,
+        overrides=overrides,
+        hosts_file=hosts_file,
+        mode=mode,
     )
-    bucket = bucket_state.open_for(plan.cfg)
-
-    def say(text: str) -> None:
-        out.write(text + "\n")
-
-    mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
-    sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
-    held = lease.Lease(run_dir, plan.run_id, mode, bucket)
-    held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
-    try:
-        if detach and known:  # the run exists: its background supervisor picks it up
-            if sup.state.ended:
-                raise UsageError(
-                    f"run {plan.run_id} already ended ({sup.state.ended}; {sup.path}). Start "
-                    "a new run with another --run ID (or without --run)."
-                )
-            code = 0
-        else:
-            lifecycle = Lifecycle(api, plan, known_hosts, out)
-            sup.save()
-            code = run(
-                lifecycle,
-                env=env,
-                skip_preflight=skip_preflight,
-                watchdog_key=watchdog_key,
-                sup=sup,
-                bucket=bucket,
-                mirror=mirror,
-            )
-            lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
-    finally:
-        held.release()
-    if detach:
-        pid = background.start(plan.local_runs, plan.run_id)
-        out.write(
-            f"supervisor pid {pid} follows run {plan.run_id} in the background (log "
-            f"{run_dir / background.LOG}): it syncs checkpoints and recovers the run if the "
-            f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
-        )
-    return code
 
 
 def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
@@ -129,7 +169,7 @@ def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
 
 
 def instances(
-    spec: HostSpec, out: TextIO, ledger: bool = False, runs_dir: Path = Path("runs")
+    spec: VastHost, out: TextIO, ledger: bool = False, runs_dir: Path = Path("runs")
 ) -> int:
     """The ups instances on the account, with each run's supervisor under ``runs_dir``; with
     ``ledger`` also the machines that failed."""
@@ -197,7 +237,7 @@ def _in_bucket(st: supervision.State) -> str:
     return f"; {bucket.url_of(st.run_id)}: " + (f"step {ref.step}" if ref else "no checkpoint")
 
 
-def down(spec: HostSpec, out: TextIO, run_id: str | None) -> int:
+def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     api = VastApi(spec.vast_url)
     runs_dir = Path("runs")
@@ -242,7 +282,7 @@ def _stop_supervisor(run_dir: Path, out: TextIO) -> None:
     out.write(f"stopped the {held.describe()}\n")
 
 
-def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
+def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
     """The container host a running instance of this entry is (for logs, status, stop, fetch).
 
     The newest running instance labelled for ``run_id`` (any run when None); its host key
@@ -264,7 +304,7 @@ def attach(spec: HostSpec, run_id: str | None) -> HostSpec:
         )
     inst = min(running, key=lambda i: i.duration_s)
     assert inst.ssh_host and inst.ssh_port
-    return container_spec(spec, inst.ssh_host, inst.ssh_port)
+    return spec.as_container(inst.ssh_host, inst.ssh_port)
 
 
 def saved_log(run_id: str, runs_dir: Path = Path("runs")) -> Callable[[TextIO], int] | None:

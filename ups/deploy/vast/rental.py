@@ -222,13 +222,13 @@ class Lifecycle:
             run_remote(conn, rc.argv("mkdir", "-p", vast_dir), spec)
             if watchdog_key:
                 write_private(conn, watch_path(spec.workdir, KEY_FILE), watchdog_key)
-            if spec.setup:
-                self.say(f"setup on instance: {spec.setup}")
+            if setup := self.plan.spec.setup:
+                self.say(f"setup on instance: {setup}")
                 # `setup` is the user's own shell line from hosts.yaml, like remote_env.
-                result = run_remote(conn, rc.in_dir(spec.workdir, spec.setup), spec)
+                result = run_remote(conn, rc.in_dir(spec.workdir, setup), spec)
                 if result.exited != 0:
                     raise DeployError(
-                        f"setup command {spec.setup!r} failed on the instance (exit "
+                        f"setup command {setup!r} failed on the instance (exit "
                         f"{result.exited}): {(result.stderr or result.stdout).strip()[-600:]}. "
                         "Fix 'setup' in hosts.yaml."
                     )

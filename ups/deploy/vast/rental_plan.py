@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ups.config import Config
 from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import NoOffer
 from ups.deploy.vast.instance import label_for
@@ -28,17 +28,15 @@ PENDING_ADDRESS = "(instance ssh address)"
 
 
 def container_spec(
-    spec: HostSpec, host: str = PENDING_ADDRESS, port: int | None = None
-) -> HostSpec:
+    spec: VastHost, host: str = PENDING_ADDRESS, port: int | None = None
+) -> ContainerHost:
     """The vast entry as the container host it becomes once the instance has an address."""
-    return spec.model_copy(
-        update={"kind": "container", "host": host, "port": port, "user": spec.user or "root"}
-    )
+    return spec.as_container(host, port)
 
 
 @dataclass
 class VastPlan:
-    spec: HostSpec
+    spec: VastHost
     offer: Offer
     price: float
     bid: float | None
@@ -56,7 +54,7 @@ class VastPlan:
     avoided: tuple[int, ...] = ()
     """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
 
-    def replan(self, spec: HostSpec, run_id: str | None) -> DeployPlan:
+    def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
         return build_plan(
             spec,
@@ -138,7 +136,7 @@ class VastPlan:
 
 
 def build_vast_plan(
-    spec: HostSpec,
+    spec: VastHost,
     config: Path,
     api: VastApi,
     *,
@@ -186,7 +184,7 @@ def build_vast_plan(
 
 def search(
     api: VastApi,
-    spec: HostSpec,
+    spec: VastHost,
     machines: Collection[int] = (),
     offers: Collection[int] = (),
 ) -> tuple[Offer, tuple[int, ...]]:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ups import jsonio
-from ups.deploy.hosts import HostSpec
+from ups.deploy.hosts import VastHost
 from ups.deploy.remote import STATE_DIR, vast_onstart_command
 
 WATCH_DIR = ".ups/vast"
@@ -38,7 +38,7 @@ def action_for(on_exit: str) -> str:
     return {"destroy": "destroy", "stop": "stop"}.get(on_exit, "none")
 
 
-def onstart_command(spec: HostSpec, deadline_epoch: float) -> str:
+def onstart_command(spec: VastHost, deadline_epoch: float) -> str:
     """The instance's onstart script: start the watchdog detached (well under 4 KB)."""
     args = [
         "--deadline", f"{deadline_epoch:.0f}",

@@ -7,13 +7,14 @@ docker CLI does for ``ssh://`` hosts) on the transport ``ups.deploy.connect`` op
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import docker
 import paramiko
 import urllib3
 from docker.transport.basehttpadapter import BaseHTTPAdapter
+
+from ups.deploy.kinds.docker.commands import dial_stdio_command
 
 API_VERSION = "1.41"
 """Docker 20.10+; new enough for everything deploy does."""
@@ -60,9 +61,7 @@ def remote_client(
     transport: paramiko.Transport, docker_host: str | None = None, timeout: float = 600
 ) -> Any:
     """A ``docker.DockerClient`` whose every request goes to the remote daemon over SSH."""
-    command = "docker system dial-stdio"
-    if docker_host:
-        command = f"DOCKER_HOST={shlex.quote(docker_host)} {command}"
+    command = dial_stdio_command(docker_host)
     # A unix URL that is never dialled: the adapter mounted below answers every request.
     client = docker.DockerClient(
         base_url="unix:///nonexistent", version=API_VERSION, timeout=int(timeout)

@@ -1,15 +1,30 @@
-"""``kind: vast``: ups rents an instance for the run, trains, fetches and ends it."""
+"""``kind: vast``: ups rents an instance for the run, trains, fetches and ends it.
+
+The adapter the registry (``ups.deploy.kinds``) finds; the Vast SDK is imported only
+when a vast entry is used.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from ups.deploy import kinds
 from ups.deploy import remote as rc
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import HostSpec, get_host
+from ups.deploy.hosts import AddressedHost, HostSpec, VastHost, get_host
 from ups.deploy.request import DeployRequest
+
+if TYPE_CHECKING:
+    from ups.deploy.vast.ops import VastDeploy
+
+
+def own(spec: HostSpec) -> VastHost:
+    """``spec`` as the vast entry the registry chose this kind for."""
+    assert isinstance(spec, VastHost), spec
+    return spec
 
 
 class Vast:
@@ -24,30 +39,29 @@ class Vast:
         }
     )
 
-    def deploy(
-        self, request: DeployRequest, specs: list[HostSpec], known_hosts: Path, out: TextIO
-    ) -> int:
-        from ups.deploy.vast import ops  # the Vast SDK only when a vast entry is used
+    def plan(
+        self, request: DeployRequest, specs: Sequence[HostSpec], known_hosts: Path, out: TextIO
+    ) -> VastDeploy:
+        from ups.deploy.vast import ops
 
-        return ops.deploy(
-            specs[0],
+        return ops.plan(
+            own(specs[0]),
             known_hosts,
             request.config,
             out,
             run_id=request.run,
             overrides=request.overrides,
-            dry_run=request.dry_run,
-            detach=not request.follow,
+            follow=request.follow,
             skip_preflight=request.skip_preflight,
             mirror=request.save,
             hosts_file=request.hosts_file,
         )
 
-    def attach(self, spec: HostSpec, run: str | None) -> HostSpec:
+    def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
         from ups.deploy.vast import ops
 
         # The instance ups rented for this entry (and run), found by its label.
-        return ops.attach(spec, run)
+        return ops.attach(own(spec), run)
 
     def preflight_command(self, spec: HostSpec, config: str | None) -> str:
         return rc.argv(*rc.preflight_argv(spec.ups_bin, config, spec.gpus))
@@ -59,13 +73,13 @@ class Vast:
 KIND = Vast()
 
 
-def entry(host: str, hosts_file: str | None) -> HostSpec:
+def entry(host: str, hosts_file: str | None) -> VastHost:
     """The ``kind: vast`` entry ``host`` (`fab instances` and `fab down` manage its instances)."""
     spec, _known = get_host(host, hosts_file)
-    if spec.kind != KIND.name:
+    if not isinstance(spec, VastHost):
         raise UsageError(
-            f"host {host!r} is kind {spec.kind}, not vast: `fab instances` and `fab down` "
-            "manage Vast instances that ups created. Pass a `kind: vast` entry."
+            f"host {host!r} is kind {kinds.of(spec).name}, not vast: `fab instances` and "
+            "`fab down` manage Vast instances that ups created. Pass a `kind: vast` entry."
         )
     return spec
 
