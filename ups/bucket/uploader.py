@@ -242,6 +242,26 @@ class Uploader:
             self._sent_logs[f"{under}/{rel}"] = seen
 
 
+def final_pass(bucket: Bucket, run_id: str, run_dir: Path, keep_last: int, timeout: float) -> None:
+    """``ups launch`` after the run's outcome is final: the checkpoints the bucket lacks,
+    the logs, ``outcome.json`` and W&B, within ``timeout``; the log says how it went."""
+    uploader = Uploader(bucket, run_id, run_dir, keep_last)
+    uploader.include_run_files()
+    uploader.start()
+    report = uploader.flush(timeout)
+    uploader.stop()
+    if report.complete:
+        log.info("run_synced", url=report.url, uploaded=report.uploaded)
+    else:
+        log.warning(
+            "run_not_synced",
+            url=report.url,
+            pending=report.pending,
+            error=report.error,
+            message="the run directory on this host has what the bucket lacks",
+        )
+
+
 def _commit_or_none(path: Path) -> bytes | None:
     try:
         return commit_bytes(path)

@@ -33,6 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ups.bucket.store import parse_url
 from ups.deploy.errors import UsageError
 
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
@@ -176,8 +177,10 @@ class HostSpec(_Strict):
     """vast: new instances (or in-place relaunches) after an outbid, a vanished host or a
     retryable crash, before giving up with exit 8."""
     checkpoint_sync: str = "local"
-    """vast: where checkpoints are copied as they are written: ``local`` (this machine's
-    run directory, over SSH). ``s3://`` buckets are not supported yet."""
+    """vast: where checkpoints go as they are written: ``local`` (copied to this machine's
+    run directory over SSH while deploy follows), or ``s3://bucket/prefix``: the instance
+    uploads them itself (the run's ``checkpoint_sync.url``; credentials and
+    ``AWS_ENDPOINT_URL`` from this machine, sent as a 0600 file; docs/managed-runs.md)."""
     sync_every_s: float = Field(10.0, gt=0)
     """vast: how often new checkpoints are looked for on the instance while following."""
     monitor_s: float = Field(15.0, gt=0)
@@ -210,11 +213,12 @@ class HostSpec(_Strict):
             if missing:
                 raise ValueError(f"kind vast needs {' and '.join(missing)}")
             if self.checkpoint_sync != "local":
-                raise ValueError(
-                    f"checkpoint_sync {self.checkpoint_sync!r} is not supported: only 'local' "
-                    "(checkpoints copied to this machine over SSH as they are written). "
-                    "Syncing to an S3 bucket is not implemented yet; remove the setting."
-                )
+                try:
+                    parse_url(self.checkpoint_sync)
+                except ValueError as err:
+                    raise ValueError(
+                        f"checkpoint_sync: {err}; or 'local' (copied to this machine over SSH)"
+                    ) from None
         elif not self.host:
             raise ValueError(f"kind {self.kind} needs 'host' (an address or ~/.ssh/config alias)")
         return self

@@ -20,6 +20,8 @@ from typing import Any, TextIO, cast
 import structlog
 
 from ups.backoff import LAUNCH_RESTART
+from ups.bucket import Bucket
+from ups.bucket.uploader import final_pass
 from ups.config import Config
 from ups.launch.finalize import (
     exit_code,
@@ -197,7 +199,20 @@ def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: Lin
     if failed is not None:
         reason = "preflight failed: " + ", ".join(failed)
         return _fail(plan, reason, EXIT_FAILED, cause="preflight", phase="preflight")
-    return _attempts(plan, tee)
+    code = _attempts(plan, tee)
+    if cfg is not None and (url := cfg.checkpoint_sync.url) and plan.node_rank == 0:
+        # The final outcome is launch's (it amends a dead worker's), and a worker that died
+        # took its uploader with it: one last pass sends what the bucket still lacks, with
+        # the outcome, the logs and W&B.
+        sync = cfg.checkpoint_sync
+        final_pass(
+            Bucket.open(url, endpoint_url=sync.endpoint_url),
+            plan.run_id,
+            Path(plan.run_dir),
+            cfg.checkpoint.keep_last,
+            timeout=sync.flush_timeout_s,
+        )
+    return code
 
 
 def _attempt_record(n: int, started: str, outcome: Outcome) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,7 +43,6 @@ from ups.outcome import (
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.bucket_sync import (
     final_sync_timeout,
-    finish_run_files,
     flush_checkpoints,
     start_sync,
 )
@@ -312,11 +310,10 @@ def _failure(
 
 def _finish(run: _Run, outcome: Outcome, env: DistEnv, tracker: Tracker, cfg: Config) -> None:
     """The outcome, W&B's end; with a bucket, rank 0 first waits (bounded) for the
-    checkpoints (the outcome says what reached it), then sends the outcome and logs."""
+    checkpoints, and the outcome says what reached it."""
     outcome = run.stamp(outcome)
-    deadline = time.monotonic() + (timeout := final_sync_timeout(cfg, outcome))
     if run.uploader is not None:
-        report = flush_checkpoints(run.uploader, timeout)
+        report = flush_checkpoints(run.uploader, final_sync_timeout(cfg, outcome))
         outcome = dataclasses.replace(outcome, checkpoint_sync=report.as_dict())
     if env.is_rank0 and run.run_dir is not None:
         try:
@@ -326,7 +323,7 @@ def _finish(run: _Run, outcome: Outcome, env: DistEnv, tracker: Tracker, cfg: Co
             log.error("outcome_not_written", path=path, error=str(exc))
     tracker.finish(outcome.exit_code)
     if run.uploader is not None:
-        finish_run_files(run.uploader, max(deadline - time.monotonic(), 5.0))
+        run.uploader.stop()  # `ups launch` sends the outcome, logs and W&B when it ends
     level = {"finished": "info", "preempted": "warning", "failed": "error"}[outcome.outcome]
     getattr(log, level)(
         "outcome", outcome=outcome.outcome, reason=outcome.reason, exit_code=outcome.exit_code

@@ -8,6 +8,7 @@ from typing import TextIO
 
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import HostSpec
+from ups.deploy.operate import bucket_credentials
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
@@ -60,6 +61,8 @@ def deploy(
     out.flush()
     if dry_run:
         return 0
+    if plan.deploy.bucket:
+        bucket_credentials(plan.deploy.bucket)  # before renting: none found costs nothing
     lifecycle = Lifecycle(api, plan, known_hosts, out)
     code = run(
         lifecycle, env=env, skip_preflight=skip_preflight, watchdog_key=watchdog_key, mirror=mirror
