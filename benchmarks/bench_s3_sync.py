@@ -14,7 +14,15 @@ one ratio B/A; the median and the spread (min..max) are reported. Upload lag is 
 ``checkpoint_synced`` events' ``lag_s``: seconds from the local commit (the digest file's
 mtime) to the digest object written in the bucket.
 
-Results go to stdout and ``--out`` (default ``benchmarks/results/s3_sync_cpu.json``).
+``--interference`` measures instead, in one process, what the uploader thread takes from
+the training thread when it never rests: blocks of a fixed CPU-bound torch workload (one
+thread) alternate with the uploader idle and the uploader sending a checkpoint-sized
+file (``--ckpt-mib``) back to back, seconds apart, so the machine's load drifts alike
+for both; one ratio per pair. A real run uploads once per ``every_steps``, so this is
+the worst case.
+
+Results go to stdout and ``--out`` (default ``benchmarks/results/s3_sync_cpu.json``,
+``s3_sync_interference_cpu.json`` with ``--interference``).
 """
 
 from __future__ import annotations
@@ -100,14 +108,108 @@ def run_once(
     }
 
 
+def interference(args: argparse.Namespace, work: Path, server: S3Server) -> dict[str, Any]:
+    import hashlib
+    import threading
+    import time
+
+    import torch
+
+    from ups.bucket import Bucket
+    from ups.bucket.uploader import Uploader
+    from ups.log import setup_logging
+
+    torch.set_num_threads(1)
+    setup_logging(stdout=open(os.devnull, "w"))  # noqa: SIM115  # lives as long as the process
+    for key, value in server.client_env().items():
+        os.environ[key] = value
+    run_dir = work / "run"
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir(parents=True)
+    payload = os.urandom(int(args.ckpt_mib * 2**20))
+    digest = hashlib.sha256(payload).hexdigest() + "\n"
+    bucket = Bucket.open(server.url(), endpoint_url=server.endpoint_url)
+    uploader = Uploader(bucket, "bench", run_dir, keep_last=2).start(announce=False)
+    busy, uploads = threading.Event(), [0]
+
+    def feed() -> None:  # a new checkpoint as soon as the last one is in the bucket
+        step = 0
+        while True:
+            busy.wait()
+            step += 1
+            path = ckpts / f"step_{step:06d}.pt"
+            path.write_bytes(payload)
+            path.with_name(path.name + ".sha256").write_text(digest)
+            uploader.flush(120)
+            uploads[0] += 1
+            for old in sorted(ckpts.glob("step_*"))[:-4]:
+                old.unlink()
+
+    threading.Thread(target=feed, daemon=True).start()
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+
+    def block() -> float:
+        started = time.perf_counter()
+        for _ in range(args.iters):
+            (a @ b).relu_().sum()
+        return (time.perf_counter() - started) / args.iters * 1000
+
+    block()  # warm-up
+    idle, loaded = [], []
+    for _ in range(args.pairs):
+        busy.clear()
+        time.sleep(0.5)  # let an upload in flight finish
+        idle.append(block())
+        busy.set()
+        time.sleep(0.2)
+        loaded.append(block())
+    busy.clear()
+    ratios = [y / x for x, y in zip(idle, loaded, strict=True)]
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratios": ratios,
+        "idle_ms": idle,
+        "uploading_ms": loaded,
+        "uploads": uploads[0],
+        "ckpt_mib": args.ckpt_mib,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=20, help="checkpoint.every_steps")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/s3_sync_cpu.json")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--interference", action="store_true")
+    parser.add_argument("--iters", type=int, default=500, help="--interference: per block")
+    parser.add_argument("--ckpt-mib", type=float, default=1.4, help="--interference")
     args = parser.parse_args()
+    results = REPO / "benchmarks" / "results"
+    if args.interference:
+        args.out = args.out or results / "s3_sync_interference_cpu.json"
+        with tempfile.TemporaryDirectory(prefix="bench-s3-") as tmp:
+            server = S3Server(Path(tmp) / "s3")
+            server.start()
+            try:
+                found = interference(args, Path(tmp), server)
+            finally:
+                server.stop()
+        found["command"] = " ".join(
+            [".venv/bin/python", "benchmarks/bench_s3_sync.py", *sys.argv[1:]]
+        )
+        args.out.write_text(jsonio.dumps(found, indent=2) + "\n")
+        print(
+            f"training-thread work while the uploader sends {args.ckpt_mib:g} MiB back to back "
+            f"/ idle: median {found['ratio_median']:.3f} (spread {found['ratio_min']:.3f}.."
+            f"{found['ratio_max']:.3f}, {args.pairs} pairs, {found['uploads']} uploads) -> "
+            f"{args.out}"
+        )
+        return
+    args.out = args.out or results / "s3_sync_cpu.json"
     # SIGTERM unwinds like Ctrl-C: subprocess.run kills the run in flight, the gateway stops.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not (REPO / "data" / "demo").is_dir():

@@ -89,9 +89,10 @@ class Uploader:
     def url(self) -> str:
         return self.bucket.url_of(self.run_id)
 
-    def start(self) -> Uploader:
+    def start(self, *, announce: bool = True) -> Uploader:
         self._thread.start()
-        log.info("checkpoint_sync_started", url=self.url, keep_last=self.keep_last)
+        if announce:
+            log.info("checkpoint_sync_started", url=self.url, keep_last=self.keep_last)
         return self
 
     def notify(self) -> None:
@@ -247,7 +248,7 @@ def final_pass(bucket: Bucket, run_id: str, run_dir: Path, keep_last: int, timeo
     the logs, ``outcome.json`` and W&B, within ``timeout``; the log says how it went."""
     uploader = Uploader(bucket, run_id, run_dir, keep_last)
     uploader.include_run_files()
-    uploader.start()
+    uploader.start(announce=False)
     report = uploader.flush(timeout)
     uploader.stop()
     if report.complete:
