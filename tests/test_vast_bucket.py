@@ -125,3 +125,25 @@ def test_plan_names_the_bucket_and_passes_the_endpoint_not_the_keys(tmp_path: Pa
     text = plan.render() + plan.to_json()
     assert "bucket:   s3://bk/runs" in text
     assert "AKIDPLANTEST" not in text and "plan-secret-value" not in text
+
+
+@pytest.mark.slow
+def test_no_credentials_stops_before_renting(fake_vast: FakeVast, tmp_path: Path) -> None:
+    """A bucket in hosts.yaml and no S3 credentials on the laptop: exit 2 with where they
+    are looked for, and no instance was created."""
+    hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", checkpoint_sync="s3://bk/runs")
+    config = demo_config(tmp_path / "demo.yaml", max_steps=5)
+    nowhere = str(tmp_path / "none")
+    env = fab_env(fake_vast, tmp_path, AWS_SHARED_CREDENTIALS_FILE=nowhere,
+                  AWS_CONFIG_FILE=nowhere, AWS_EC2_METADATA_DISABLED="true")  # fmt: skip
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        env.pop(key, None)
+    result = subprocess.run(
+        [str(FAB), "-r", str(REPO), "deploy", "--host", "vast", "--hosts-file", str(hosts),
+         "--config", str(config), "--run", "no-keys"],
+        cwd=tmp_path, env=env, text=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "checkpoint_sync s3://bk/runs needs S3 credentials on this machine" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert fake_vast.live() == [] and fake_vast.destroyed == {}

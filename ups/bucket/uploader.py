@@ -252,7 +252,7 @@ def final_pass(bucket: Bucket, run_id: str, run_dir: Path, keep_last: int, timeo
     report = uploader.flush(timeout)
     uploader.stop()
     if report.complete:
-        log.info("run_synced", url=report.url, uploaded=report.uploaded)
+        log.info("run_synced", url=report.url, checkpoints_uploaded_now=report.uploaded)
     else:
         log.warning(
             "run_not_synced",
