@@ -151,15 +151,26 @@ def test_prune_keeps_the_newest_and_removes_leftovers(s3_server: S3Server, tmp_p
 
 
 @pytest.mark.slow
-def test_unreachable_endpoint_is_named(s3_server: S3Server) -> None:
+def test_unreachable_endpoint_is_named(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stopped server: the error says which address and that it did not answer, and is
-    the retryable kind; a missing bucket is the other kind."""
+    the retryable kind; a missing bucket and a wrong secret are the other kind, each with
+    its fix first (a console line shows only the start)."""
     bucket = Bucket.open(s3_server.url(), endpoint_url=s3_server.endpoint_url)
     missing = Bucket.open("s3://no-such-bucket/x", endpoint_url=s3_server.endpoint_url)
     with pytest.raises(BucketError) as caught:
         missing.put_bytes("k", b"v")
     assert not isinstance(caught.value, BucketUnreachable)
-    assert "NoSuchBucket" in str(caught.value)
+    assert str(caught.value).startswith("NoSuchBucket (no such bucket: create it, or fix")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    wrong = Bucket.open(s3_server.url(), endpoint_url=s3_server.endpoint_url)
+    with pytest.raises(BucketError) as refused:
+        wrong.list("")
+    assert not isinstance(refused.value, BucketUnreachable)
+    assert str(refused.value).startswith(
+        "SignatureDoesNotMatch (the S3 credentials were refused: check AWS_ACCESS_KEY_ID"
+    )
     s3_server.stop()
     with pytest.raises(BucketUnreachable, match="s3://ups-test/runs/k: endpoint unreachable"):
         bucket.put_bytes("k", b"v")

@@ -18,6 +18,7 @@ import torch
 
 from tests.conftest import PYTHON, REPO, parse_events, rank_events, torchrun, worker_env
 from tests.lifecycle_helpers import final_model
+from tests.lifecycle_helpers import run as launch
 from tests.s3_server import S3Server, s3_server
 from ups.bucket import Bucket, committed_checkpoints, fetch_checkpoint, newest_checkpoint
 from ups.bucket.checkpoints import local_checkpoints
@@ -42,8 +43,9 @@ def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
 def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
     s3_server: S3Server, make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """A run uploads each checkpoint with its digest, keeps keep_last in the bucket, and
-    sends outcome.json (saying what was uploaded), the logs and the W&B directory. A run
+    """`ups launch` runs upload each checkpoint with its digest, keep keep_last in the
+    bucket, and send outcome.json (saying what was uploaded), the logs (launch.log too) and
+    the W&B directory at the end. A run
     preempted at step 6 or so whose run directory is then lost continues on a "new host" from
     the bucket, and its final weights equal the uninterrupted run's exactly."""
     env = s3_server.client_env()
@@ -53,8 +55,8 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
         "checkpoint_sync": _sync(s3_server),
     }
     ref_cfg = make_config(run={"output_dir": str(tmp_path / "a"), "run_id": "ref"}, **common)
-    ref = torchrun(ref_cfg, env=env)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    ref = launch(str(tmp_path), str(ref_cfg), "--skip-preflight", env=env)
+    assert ref.returncode == 0, ref.stdout[-3000:]
     bucket = _bucket(s3_server)
     assert [r.name for r in committed_checkpoints(bucket, "ref")] == [
         "step_000008.pt",
@@ -72,7 +74,7 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
     assert remote["checkpoint_sync"]["pending"] == []
     assert remote["checkpoint_sync"]["uploaded"][-1] == "step_000012.pt"
     keys = bucket.list("ref/")
-    assert "ref/logs/rank0.jsonl" in keys and "ref/logs/rank1.jsonl" in keys
+    assert {"ref/logs/rank0.jsonl", "ref/logs/rank1.jsonl", "ref/logs/launch.log"} <= set(keys)
     assert any(k.startswith("ref/wandb/") and k.endswith(".wandb") for k in keys)
     synced = _events(tmp_path / "a" / "ref", "checkpoint_synced")
     assert [e["step"] for e in synced] == [4, 8, 12]
@@ -80,7 +82,8 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
     reference = final_model(tmp_path / "a" / "ref")
 
     first = make_config(run={"output_dir": str(tmp_path / "b"), "run_id": "moved"}, **common)
-    stopped = torchrun(first, env={**env, "UPS_FAULTS": "sigterm@0:6"})
+    stopped = launch(str(tmp_path), str(first), "--skip-preflight",
+                     env={**env, "UPS_FAULTS": "sigterm@0:6"})  # fmt: skip
     assert stopped.returncode != 0
     # The preemption checkpoint (the step the ranks agreed to stop at: torchrun forwards
     # SIGTERM asynchronously), flushed within the stop grace.
@@ -91,8 +94,8 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
 
     # A new host: nothing of the run on disk, the same config and run id.
     second = make_config(run={"output_dir": str(tmp_path / "c"), "run_id": "moved"}, **common)
-    resumed = torchrun(second, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = launch(str(tmp_path), str(second), "--skip-preflight", env=env)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
     run_dir = tmp_path / "c" / "moved"
     (fetched,) = _events(run_dir, "checkpoint_fetched")
     assert (fetched["checkpoint"], fetched["step"]) == (at.name, at.step)

@@ -1,6 +1,6 @@
 """Runs in an S3-compatible bucket (``checkpoint_sync``): the store, the checkpoint layout
-and the uploader that trains' rank 0 feeds. Imports neither torch nor boto3 at import time
-(deploy and the supervisor use it on a laptop)."""
+and the uploader that rank 0 of a training run feeds. Imports neither torch nor boto3 at
+import time (deploy and the supervisor use it on a laptop)."""
 
 from ups.bucket.checkpoints import (
     CheckpointMismatch,

@@ -45,6 +45,21 @@ def parse_url(url: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.strip("/")
 
 
+_CREDENTIALS = (
+    "the S3 credentials were refused: check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
+    "AWS_PROFILE, and checkpoint_sync.endpoint_url"
+)
+_FIXES = {
+    "InvalidAccessKeyId": _CREDENTIALS,
+    "SignatureDoesNotMatch": _CREDENTIALS,
+    "ExpiredToken": "the session token expired: renew the S3 credentials",
+    "AccessDenied": "these credentials may not use this bucket or prefix: grant "
+    "s3:ListBucket, s3:GetObject, s3:PutObject, s3:DeleteObject",
+    "NoSuchBucket": "no such bucket: create it, or fix checkpoint_sync.url",
+}
+"""What to do about the errors a user can fix, by S3 error code."""
+
+
 def _classify(what: str, key: str, exc: BaseException) -> BucketError:
     """One sentence for a boto/botocore error; unreachable when another try may succeed."""
     from botocore.exceptions import (
@@ -64,8 +79,12 @@ def _classify(what: str, key: str, exc: BaseException) -> BucketError:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        text = f"{what} {key}: {err.get('Code', status)} ({err.get('Message', '')})"
-        if status >= 500 or status == 429 or err.get("Code") in {"SlowDown", "RequestTimeout"}:
+        code = str(err.get("Code", status))
+        # The code and the fix first: a console line shows only the start of an error.
+        text = f"{code} {what} {key}: {err.get('Message', '')}"
+        if fix := _FIXES.get(code):
+            text = f"{code} ({fix}) {what} {key}"
+        if status >= 500 or status == 429 or code in {"SlowDown", "RequestTimeout"}:
             return BucketUnreachable(text)
         return BucketError(text)
     if isinstance(exc, FileNotFoundError):  # a local file (pruned meanwhile), not the bucket

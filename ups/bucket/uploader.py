@@ -89,9 +89,10 @@ class Uploader:
     def url(self) -> str:
         return self.bucket.url_of(self.run_id)
 
-    def start(self) -> Uploader:
+    def start(self, *, announce: bool = True) -> Uploader:
         self._thread.start()
-        log.info("checkpoint_sync_started", url=self.url, keep_last=self.keep_last)
+        if announce:
+            log.info("checkpoint_sync_started", url=self.url, keep_last=self.keep_last)
         return self
 
     def notify(self) -> None:
@@ -240,6 +241,26 @@ class Uploader:
                     raise
                 continue  # a temporary file that went away
             self._sent_logs[f"{under}/{rel}"] = seen
+
+
+def final_pass(bucket: Bucket, run_id: str, run_dir: Path, keep_last: int, timeout: float) -> None:
+    """``ups launch`` after the run's outcome is final: the checkpoints the bucket lacks,
+    the logs, ``outcome.json`` and W&B, within ``timeout``; the log says how it went."""
+    uploader = Uploader(bucket, run_id, run_dir, keep_last)
+    uploader.include_run_files()
+    uploader.start(announce=False)
+    report = uploader.flush(timeout)
+    uploader.stop()
+    if report.complete:
+        log.info("run_synced", url=report.url, checkpoints_uploaded_now=report.uploaded)
+    else:
+        log.warning(
+            "run_not_synced",
+            url=report.url,
+            pending=report.pending,
+            error=report.error,
+            message="the run directory on this host has what the bucket lacks",
+        )
 
 
 def _commit_or_none(path: Path) -> bytes | None:

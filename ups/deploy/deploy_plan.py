@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ups import jsonio
+from ups.bucket.credentials import endpoint_from_env
 from ups.config import Config, ConfigError, load_config
 from ups.deploy import remote as rc
 from ups.deploy.errors import UsageError
@@ -54,6 +55,8 @@ class DeployPlan:
     launch_argv: list[str]
     secrets: list[str] = field(default_factory=list)
     """Names (never values) of secrets sent in a 0600 file."""
+    bucket: str | None = None
+    """``checkpoint_sync.url``: this machine's S3 credentials go to the host as a 0600 file."""
     follow: bool = True
     steps: list[Step] = field(default_factory=list)
     resume_name: str | None = None
@@ -89,6 +92,11 @@ class DeployPlan:
             f"  run dir:  {self.remote.run_dir}",
             f"  secrets:  {', '.join(self.secrets) or '(none)'} (0600 file, never on argv)",
         ]
+        if self.bucket:
+            lines.append(
+                f"  bucket:   {self.bucket} (checkpoints uploaded from the host; S3 credentials "
+                "from this machine in a 0600 file, never on argv)"
+            )
         if self.launch_argv:
             lines.append(f"  launch:   {rc.argv(*self.launch_argv)} (in run.sh)")
         lines.append("  steps:")
@@ -166,6 +174,9 @@ def build_plan(
     env = dict(os.environ) if env is None else env
     remote_config = remote.state("config.yaml")
     sets = [w for s in overrides for w in ("--set", s)]
+    bucket = cfg.checkpoint_sync.url
+    if bucket and cfg.checkpoint_sync.endpoint_url is None and (endpoint := endpoint_from_env(env)):
+        sets += ["--set", f"checkpoint_sync.endpoint_url={endpoint}"]  # the store used here
     launch_argv = _launch_argv(spec, remote_config, run_id, sets, node, skip_preflight)
     rdzv_host = node is not None and node.rank == 0
     preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
@@ -200,6 +211,7 @@ def build_plan(
         remote=remote,
         launch_argv=launch_argv,
         secrets=[name for name in SECRET_NAMES if env.get(name)],
+        bucket=bucket,
         follow=follow,
         steps=steps,
         resume_name=None if (fixed or fresh or node) else cfg.run.name,

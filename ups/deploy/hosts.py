@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ups.bucket.store import parse_url
 from ups.deploy.errors import UsageError
 
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
@@ -187,8 +188,10 @@ class VastHost(SshHost):
     ledger_ttl_h: float = Field(72.0, ge=0)
     """Machines that failed here within this many hours are left out of the search."""
     checkpoint_sync: str = "local"
-    """Where checkpoints are copied as they are written: ``local`` (this machine's
-    run directory, over SSH). ``s3://`` buckets are not supported yet."""
+    """Where checkpoints go as they are written: ``local`` (copied to this machine's run
+    directory over SSH while deploy follows), or ``s3://bucket/prefix``: the instance
+    uploads them itself (the run's ``checkpoint_sync.url``; credentials and
+    ``AWS_ENDPOINT_URL`` from this machine, sent as a 0600 file; docs/managed-runs.md)."""
     sync_every_s: float = Field(10.0, gt=0)
     """How often new checkpoints are looked for on the instance while following."""
     monitor_s: float = Field(15.0, gt=0)
@@ -205,11 +208,12 @@ class VastHost(SshHost):
         if missing:
             raise ValueError(f"kind vast needs {' and '.join(missing)}")
         if self.checkpoint_sync != "local":
-            raise ValueError(
-                f"checkpoint_sync {self.checkpoint_sync!r} is not supported: only 'local' "
-                "(checkpoints copied to this machine over SSH as they are written). "
-                "Syncing to an S3 bucket is not implemented yet; remove the setting."
-            )
+            try:
+                parse_url(self.checkpoint_sync)
+            except ValueError as err:
+                raise ValueError(
+                    f"checkpoint_sync: {err}; or 'local' (copied to this machine over SSH)"
+                ) from None
         return self
 
     def as_container(self, host: str, port: int | None) -> ContainerHost:

@@ -17,9 +17,11 @@ from typing import Any
 from fabric import Connection
 
 import ups
+from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
+from ups.bucket.credentials import NoCredentials, credentials_file_text
 from ups.deploy import remote as rc
 from ups.deploy.deploy_plan import DeployPlan, script_for
-from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.follow import follow
 from ups.deploy.progress import Progress
 from ups.deploy.runs import read_result, resolve_run, settle, state_of
@@ -88,6 +90,16 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     if plan.secrets:
         body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
         write_private(conn, r.state("secrets.env"), body)
+    if plan.bucket:
+        write_private(conn, r.state(CREDENTIALS_FILE), bucket_credentials(plan.bucket))
+
+
+def bucket_credentials(url: str) -> str:
+    """This machine's S3 credentials as a credentials file; none is a usage error (exit 2)."""
+    try:
+        return credentials_file_text(url)
+    except NoCredentials as err:
+        raise UsageError(str(err)) from None
 
 
 def prepare(

@@ -15,6 +15,8 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
+
 STATE_DIR = ".ups/deploy"
 """Per-run deploy state under the remote workdir: config, run script, pid, exit code."""
 
@@ -108,9 +110,13 @@ def file_size_command(path: str) -> str:
 
 
 def secrets_line(run: RemoteRun) -> str:
-    """Export the run's secrets file into the environment, when there is one."""
-    path = q(run.state("secrets.env"))
-    return f"if [ -f {path} ]; then set -a; . {path}; set +a; fi"
+    """Export the run's secrets file into the environment, when there is one, and point
+    boto3 at the run's S3 credentials file (checkpoint_sync), when there is one."""
+    path, aws = q(run.state("secrets.env")), q(run.state(CREDENTIALS_FILE))
+    return (
+        f"if [ -f {path} ]; then set -a; . {path}; set +a; fi; "
+        f"if [ -f {aws} ]; then export AWS_SHARED_CREDENTIALS_FILE={aws}; fi"
+    )
 
 
 def run_script(run: RemoteRun, launch_argv: Sequence[str], remote_env: str | None) -> str:

@@ -21,6 +21,8 @@ from typing import Any, TextIO, cast
 import structlog
 
 from ups.backoff import LAUNCH_RESTART
+from ups.bucket import Bucket
+from ups.bucket.uploader import final_pass
 from ups.config import Config
 from ups.launch.finalize import (
     exit_code,
@@ -208,7 +210,19 @@ def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: Lin
     if failed is not None:
         reason = "preflight failed: " + ", ".join(failed)
         return _fail(plan, reason, EXIT_FAILED, cause="preflight", phase="preflight")
-    return _attempts(plan, tee)
+    return _attempts(plan, cfg, tee)
+
+
+def _sync_run_end(plan: LaunchPlan, cfg: Config | None) -> None:
+    """With ``checkpoint_sync.url``: the final outcome is launch's (it amends a dead
+    worker's), and a worker that died took its uploader with it, so one last pass sends
+    what the bucket still lacks, with the outcome, the logs and W&B."""
+    if cfg is None or (url := cfg.checkpoint_sync.url) is None or plan.node_rank != 0:
+        return
+    sync = cfg.checkpoint_sync
+    bucket = Bucket.open(url, endpoint_url=sync.endpoint_url)
+    final_pass(bucket, plan.run_id, Path(plan.run_dir), cfg.checkpoint.keep_last,
+               timeout=sync.flush_timeout_s)  # fmt: skip
 
 
 def _attempt_record(n: int, started: str, outcome: Outcome) -> dict[str, Any]:
@@ -286,7 +300,7 @@ def _port_taken_reason(plan: LaunchPlan) -> str:
     )
 
 
-def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
+def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee) -> int:
     """torchrun, then again from the last checkpoint while the budget and the cause allow."""
     records: list[dict[str, Any]] = []
     while True:
@@ -328,6 +342,7 @@ def _attempts(plan: LaunchPlan, tee: LineTee) -> int:
         set_aside_previous_outcome(Path(plan.run_dir))
     final = dataclasses.replace(outcome, restarts=len(records) - 1, attempts=records)
     save_outcome(Path(plan.run_dir), final)
+    _sync_run_end(plan, cfg)  # before the summary, so that stays the last thing shown
     code = exit_code(final, result.rc)
     _report_end(final, plan, code)
     return code

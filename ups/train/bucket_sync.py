@@ -79,14 +79,3 @@ def flush_checkpoints(uploader: Uploader, timeout: float) -> SyncReport:
             "id uploads them first thing",
         )
     return report
-
-
-def finish_run_files(uploader: Uploader, timeout: float) -> None:
-    """After the outcome is written and W&B finished: upload them and the logs, then stop."""
-    uploader.include_run_files()
-    report = uploader.flush(timeout)
-    uploader.stop()
-    if report.complete:
-        log.info("run_files_synced", url=report.url)
-    else:
-        log.warning("run_files_not_synced", url=report.url, error=report.error)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import hashlib
-import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -44,7 +43,6 @@ from ups.outcome import (
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.bucket_sync import (
     final_sync_timeout,
-    finish_run_files,
     flush_checkpoints,
     start_sync,
 )
@@ -310,23 +308,27 @@ def _failure(
     )
 
 
-def _finish(run: _Run, outcome: Outcome, env: DistEnv, tracker: Tracker, cfg: Config) -> None:
-    """The outcome, W&B's end; with a bucket, rank 0 first waits (bounded) for the
-    checkpoints (the outcome says what reached it), then sends the outcome and logs."""
-    outcome = run.stamp(outcome)
-    deadline = time.monotonic() + (timeout := final_sync_timeout(cfg, outcome))
-    if run.uploader is not None:
-        report = flush_checkpoints(run.uploader, timeout)
+def _finish(
+    outcome: Outcome,
+    env: DistEnv,
+    run_dir: Path | None,
+    tracker: Tracker,
+    uploader: Uploader | None = None,
+    sync_timeout_s: float = 0.0,
+) -> None:
+    """The outcome, W&B's end; with a bucket (``uploader``), rank 0 first waits at most
+    ``sync_timeout_s`` for the checkpoints, and the outcome says what reached it."""
+    if uploader is not None:
+        report = flush_checkpoints(uploader, sync_timeout_s)
         outcome = dataclasses.replace(outcome, checkpoint_sync=report.as_dict())
-    if env.is_rank0 and run.run_dir is not None:
+    if env.is_rank0 and run_dir is not None:
         try:
-            write_outcome(run.run_dir, outcome)
+            write_outcome(run_dir, outcome)
         except OSError as exc:  # e.g. the disk that just filled up: the console still says it
-            path = str(run.run_dir / "outcome.json")
-            log.error("outcome_not_written", path=path, error=str(exc))
+            log.error("outcome_not_written", path=str(run_dir / "outcome.json"), error=str(exc))
     tracker.finish(outcome.exit_code)
-    if run.uploader is not None:
-        finish_run_files(run.uploader, max(deadline - time.monotonic(), 5.0))
+    if uploader is not None:
+        uploader.stop()  # `ups launch` sends the outcome, logs and W&B when it ends
     level = {"finished": "info", "preempted": "warning", "failed": "error"}[outcome.outcome]
     getattr(log, level)(
         "outcome", outcome=outcome.outcome, reason=outcome.reason, exit_code=outcome.exit_code
@@ -366,6 +368,10 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
     tracker = Tracker()
     device = init_distributed(env, cfg.distributed)
     run = _Run()
+
+    def finish(o: Outcome) -> None:
+        _finish(run.stamp(o), env, run.run_dir, tracker, run.uploader, final_sync_timeout(cfg, o))
+
     try:
         trainer = _build(run, cfg, env, infos, device, tracker, stop)
         outcome = _train_and_evaluate(run, trainer, cfg, env, infos, device, tracker, stop)
@@ -384,9 +390,9 @@ def train(cfg: Config, env: DistEnv, infos: dict[str, TaskInfo], *, stop: StopFl
         failure = _failure(exc, cfg, env, run.step, run.run_id)
         if failure.cause == "exception" and failure.failed_rank == env.rank:
             publish_failure(env.rank, failure.reason.split(": ", 1)[-1])
-        _finish(run, failure, env, tracker, cfg)
+        finish(failure)
         raise
-    _finish(run, outcome, env, tracker, cfg)
+    finish(outcome)
     if outcome.outcome != "preempted":  # a preempted worker exits while torchrun stops it
         shutdown_distributed()
     return outcome.exit_code

@@ -15,6 +15,7 @@ from ups.console.format import render_line
 from ups.deploy.deploy_plan import load_run_config
 from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.hosts import ContainerHost, VastHost
+from ups.deploy.operate import bucket_credentials
 from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
@@ -64,6 +65,8 @@ class VastDeploy:
         """Supervise the run: take its lease, rent (or pick up) and follow it; a detached
         deploy (``follow`` off) leaves a supervisor behind in the background."""
         plan, spec, out = self.plan, self.spec, self.out
+        if plan.deploy.bucket:
+            bucket_credentials(plan.deploy.bucket)  # before renting: none found costs nothing
         detach = not plan.deploy.follow
         run_dir = plan.local_runs / plan.run_id
         fresh = supervision.State(

@@ -148,6 +148,10 @@ def build_vast_plan(
     now: float | None = None,
 ) -> VastPlan:
     assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    if spec.checkpoint_sync != "local" and not any(
+        o.startswith("checkpoint_sync.url=") for o in overrides
+    ):  # hosts.yaml names the bucket; an explicit --set still wins
+        overrides = (*overrides, f"checkpoint_sync.url={spec.checkpoint_sync}")
     cfg = load_run_config(config, overrides)
     env = dict(env if env is not None else {})
     run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
