@@ -5,6 +5,7 @@ checkpoint fetched home before a recovery, an outage that never stops supervisio
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -89,14 +90,19 @@ def test_a_newer_bucket_checkpoint_is_fetched_before_a_recovery(
 
 
 def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(
-    s3_server: S3Server, tmp_path: Path
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`fab logs --run ID` with no instance left: the log the instance uploaded to the run's
-    bucket (named in the run config), rendered; without a bucket copy, the local one."""
+    bucket (named in the run config), rendered; on a machine without the run directory, the
+    bucket of the hosts.yaml entry (and the exit code from the supervision state there);
+    without a bucket copy, the local one."""
     import io
 
     from tests.deploy_fixtures import REPO
+    from ups.deploy.hosts import VastHost
     from ups.deploy.vast.ops import saved_log
+
+    spec = VastHost(name="vast", offer="num_gpus=1", max_price_per_hour=1.0)
 
     bucket = _bucket(s3_server)
     overrides = [f"checkpoint_sync.url={s3_server.url('runs')}",
@@ -107,20 +113,32 @@ def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(
     )  # fmt: skip
     runs = tmp_path / "runs"
     supervision.Supervision(runs / "r1" / supervision.FILE, state).save()
-    assert saved_log("r2", runs) is None  # nothing known of r2: the plain error stands
+    assert saved_log("r2", spec, runs) is None  # nothing known of r2: the plain error stands
     line = {"event": "train_step", "step": 7, "train/loss": 0.5, "level": "info"}
     bucket.put_bytes("r1/logs/launch.log", (json.dumps(line) + "\n").encode())
-    replay = saved_log("r1", runs)
+    replay = saved_log("r1", spec, runs)
     assert replay is not None
     out = io.StringIO()
     assert replay(out) == 0
     text = out.getvalue()
     assert f"its log as saved in {bucket.url_of('r1/logs/launch.log')}" in text
     assert "train_step" in text and "step=7" in text and "{" not in text
+
+    elsewhere = tmp_path / "other-laptop" / "runs"  # no run directory: the entry's bucket
+    ended = dataclasses.replace(state, exit_code=3)
+    bucket.put_bytes(f"r1/{supervision.FILE}", json.dumps(dataclasses.asdict(ended)).encode())
+    assert saved_log("r1", spec, elsewhere) is None  # the entry names no bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    with_bucket = spec.model_copy(update={"checkpoint_sync": s3_server.url("runs")})
+    replay = saved_log("r1", with_bucket, elsewhere)
+    assert replay is not None
+    out = io.StringIO()
+    assert replay(out) == 3
+    assert "step=7" in out.getvalue()
     bucket.delete("r1/logs/launch.log")
     (runs / "r1" / "logs").mkdir()
     (runs / "r1" / "logs" / "launch.log").write_text("plain line\n")
     out = io.StringIO()
-    replay = saved_log("r1", runs)
+    replay = saved_log("r1", spec, runs)
     assert replay is not None and replay(out) == 0
     assert f"saved in {runs / 'r1' / 'logs' / 'launch.log'}:\nplain line" in out.getvalue()

@@ -2,7 +2,8 @@
 a second one refuses (the lease); a supervisor killed with SIGKILL is replaced by running
 the same deploy again, which follows the instance still running (no second one) or, when
 the instance was outbid while nothing supervised it, recovers the run on a new instance
-from the checkpoints synced home, finishing bit-for-bit. FAKE Vast API, real instances.
+from the checkpoints synced home, or from the run's bucket when this laptop kept none,
+finishing bit-for-bit. FAKE Vast API, real instances, a real S3 gateway on loopback.
 
 Each test prints what it measured (seconds from the new supervisor's start to following
 or recovered, steps lost): ``pytest -s`` shows them.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -26,19 +28,24 @@ from tests.conftest import worker_env
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
 from tests.fake_vast import FakeVast, fab_env, fake_vast
 from tests.launch_helpers import launch_cmd
+from tests.s3_server import S3Server, s3_server
 from tests.test_vast_recovery import _events, _final_model, _hosts
+from ups.bucket import Bucket, committed_checkpoints
 from ups.deploy.vast import lease
 from ups.deploy.vast.lease import EXIT_SUPERVISED
 from ups.deploy.vast.monitor import RECOVERY_EVENT
 
-__all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
+__all__ = ["demo_data", "fake_vast", "s3_server"]  # fixtures used by name below
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 
-def _fab(cwd: Path, fake: FakeVast, *args: str) -> subprocess.Popen[str]:
+def _fab(
+    cwd: Path, fake: FakeVast, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [str(FAB), "-r", str(REPO), *args], cwd=cwd, text=True, env=fab_env(fake, cwd),
+        [str(FAB), "-r", str(REPO), *args], cwd=cwd, text=True,
+        env=fab_env(fake, cwd, **(env or {})),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
 
@@ -201,6 +208,58 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     state = json.loads((run_dir / "supervision.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
     assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
+    _same_weights_as_uninterrupted(run_dir, tmp_path, config, demo_data)
+    (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
+    assert marked["resume_step"] == 10
+    print(
+        f"\nMEASURE supervisor restart -> recovered (first step on the new instance): "
+        f"{_seconds(resumed):.1f} s; steps lost: {reached - 10} (instance reached step "
+        f"{reached}, resumed from 10)"
+    )
+
+
+def test_outbid_while_unsupervised_recovers_from_the_bucket(
+    fake_vast: FakeVast, demo_data: Path, s3_server: S3Server, tmp_path: Path
+) -> None:
+    """The run names a bucket. Detached; its supervisor SIGKILLed once the instance has
+    committed checkpoint 10 in the bucket, and this laptop keeps no checkpoint of its own
+    (as if it had slept before syncing any); the instance is outbid while nothing
+    supervises. The same deploy run again fetches step 10 from the bucket, recovers on a
+    new instance and finishes with weights equal to an uninterrupted run's."""
+    fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
+    hosts = _hosts(fake_vast, tmp_path, demo_data, checkpoint_sync=s3_server.url())
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    s3_env = {**s3_server.client_env(), "AWS_ENDPOINT_URL": s3_server.endpoint_url}
+    run_dir = tmp_path / "runs" / "unsup-s3"
+    deploy = _deploy_args(hosts, config, "unsup-s3")
+    code, out, err = _done(_fab(tmp_path, fake_vast, *deploy, "--detach", env=s3_env), 300)
+    assert code == 0, out[-3000:] + err[-3000:]
+    held = _detached_supervisor(run_dir)
+    bucket = Bucket.open(s3_server.url(), endpoint_url=s3_server.endpoint_url)
+    deadline = time.monotonic() + 300
+    while 10 not in [r.step for r in committed_checkpoints(bucket, "unsup-s3")]:
+        assert time.monotonic() < deadline, "checkpoint 10 never reached the bucket"
+        time.sleep(0.5)  # the instance's uploader committing it
+    _sigkill(held.pid)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the laptop kept none
+    (first,) = fake_vast.live()
+    fake_vast.outbid(first.id)
+
+    code, out, err = _done(_fab(tmp_path, fake_vast, *deploy, env=s3_env), 400)
+    assert code == 0, out[-4000:] + err[-3000:]
+    assert "fetched checkpoint step 10 from s3://ups-test/runs/unsup-s3/" in out, out[-4000:]
+    assert "recovery 1/3: picking up run unsup-s3" in out and "from step 10" in out
+    assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
+    (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
+    assert marked["resume_step"] == 10
+    _same_weights_as_uninterrupted(run_dir, tmp_path, config, demo_data)
+    resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
+    print(f"\nMEASURE supervisor restart -> recovered from the bucket: {_seconds(resumed):.1f} s")
+
+
+def _same_weights_as_uninterrupted(
+    run_dir: Path, tmp_path: Path, config: Path, demo_data: Path
+) -> None:
     ref = tmp_path / "ref"
     (ref / "data").mkdir(parents=True)
     (ref / "data" / "demo").symlink_to(demo_data)
@@ -211,10 +270,3 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     assert done.returncode == 0, done.stdout[-2000:]
     mine, theirs = _final_model(run_dir), _final_model(ref / "runs" / "ref")
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
-    (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
-    assert marked["resume_step"] == 10
-    print(
-        f"\nMEASURE supervisor restart -> recovered (first step on the new instance): "
-        f"{_seconds(resumed):.1f} s; steps lost: {reached - 10} (instance reached step "
-        f"{reached}, resumed from 10)"
-    )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ups.bucket import Bucket, BucketError
 from ups.console.format import render_line
 from ups.deploy.deploy_plan import load_run_config
 from ups.deploy.errors import DeployError, HostGone, UsageError
@@ -228,7 +229,7 @@ def describe_runs(runs: list[supervision.State], runs_dir: Path) -> str:
 
 def _in_bucket(st: supervision.State) -> str:
     """``; bucket: step N`` for a run whose config names a bucket (one listing)."""
-    from ups.bucket import BucketError, newest_checkpoint
+    from ups.bucket import newest_checkpoint
 
     try:
         bucket = bucket_state.open_for(load_run_config(Path(st.config), tuple(st.overrides)))
@@ -303,42 +304,60 @@ def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
         raise HostGone(
             f"no running Vast instance for {what}: `fab instances` lists what exists; "
             f"`fab deploy --host {spec.name}` rents one.",
-            replay=saved_log(run_id) if run_id else None,
+            replay=saved_log(run_id, spec) if run_id else None,
         )
     inst = min(running, key=lambda i: i.duration_s)
     assert inst.ssh_host and inst.ssh_port
     return spec.as_container(inst.ssh_host, inst.ssh_port)
 
 
-def saved_log(run_id: str, runs_dir: Path = Path("runs")) -> Callable[[TextIO], int] | None:
+def saved_log(
+    run_id: str, spec: VastHost, runs_dir: Path = Path("runs")
+) -> Callable[[TextIO], int] | None:
     """``fab logs`` for a run whose instance is gone: the log its instance uploaded to the
-    run's bucket, else the one its supervisor streamed into the local run directory."""
+    run's bucket, else the one its supervisor streamed into the local run directory. The
+    bucket is the run config's (from the local supervision state) or, on a machine without
+    the run directory, the entry's ``checkpoint_sync``."""
     state = supervision.load(runs_dir / run_id)
     local = runs_dir / run_id / "logs" / "launch.log"
-    if state is None and not local.exists():
+    entry_bucket = spec.checkpoint_sync if spec.checkpoint_sync.startswith("s3://") else None
+    if state is None and entry_bucket is None and not local.exists():
         return None
 
-    def replay(out: TextIO) -> int:
-        data, source = None, str(local)
+    def bucket_of() -> Bucket | None:
         if state is not None:
-            from ups.bucket import BucketError
+            found = bucket_state.open_for(
+                load_run_config(Path(state.config), tuple(state.overrides))
+            )
+            if found is not None:
+                return found
+        return Bucket.open(entry_bucket) if entry_bucket else None
 
-            try:
-                bucket = bucket_state.open_for(
-                    load_run_config(Path(state.config), tuple(state.overrides))
-                )
-                key = f"{run_id}/logs/launch.log"
-                if bucket is not None and (data := bucket.get_bytes(key)) is not None:
-                    source = bucket.url_of(key)
-            except (DeployError, BucketError) as err:
-                out.write(f"warning: the run's bucket could not be read ({err})\n")
+    def replay(out: TextIO) -> int:
+        data, source, code = None, str(local), None
+        try:
+            bucket = bucket_of()
+            key = f"{run_id}/logs/launch.log"
+            if bucket is not None and (data := bucket.get_bytes(key)) is not None:
+                source = bucket.url_of(key)
+                raw = bucket.get_bytes(f"{run_id}/{supervision.FILE}") if state is None else None
+                if raw is not None:
+                    where = bucket.url_of(f"{run_id}/{supervision.FILE}")
+                    code = supervision.parse(raw.decode(), where).exit_code
+        except (DeployError, BucketError) as err:
+            out.write(f"warning: the run's bucket could not be read ({err})\n")
         if data is None:
             if not local.exists():
-                raise DeployError(f"run {run_id} has no running instance and no saved log")
+                raise DeployError(
+                    f"run {run_id} has no running instance and no saved log (not in the run's "
+                    f"bucket, not in {local})"
+                )
             data = local.read_bytes()
         out.write(f"run {run_id} has no running instance; its log as saved in {source}:\n")
         for line in data.decode("utf-8", "replace").splitlines():
             out.write(render_line(line, colors=out.isatty()) + "\n")
-        return state.exit_code if state is not None and state.exit_code is not None else 0
+        if state is not None and state.exit_code is not None:
+            code = state.exit_code
+        return code or 0
 
     return replay
