@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,30 @@ def test_a_newer_bucket_checkpoint_is_fetched_before_a_recovery(
     assert said == [f"fetched checkpoint step 20 from {where} to {fetched}"]
     bucket_state.fetch_newer(bucket, "r1", home, said.append)
     assert len(said) == 1
+
+
+def test_instances_names_the_newest_bucket_checkpoint_and_its_age(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """`fab instances`' line for a run with a bucket: its newest committed checkpoint there
+    and how long ago it was committed."""
+    from tests.deploy_fixtures import REPO
+    from ups.deploy.vast.ops import describe_runs
+
+    bucket = _bucket(s3_server)
+    overrides = [f"checkpoint_sync.url={s3_server.url('runs')}",
+                 f"checkpoint_sync.endpoint_url={s3_server.endpoint_url}"]  # fmt: skip
+    state = supervision.State(
+        run_id="r1", host="vast", config=str(REPO / "configs" / "demo.yaml"), hosts_file=None,
+        overrides=overrides,
+    )  # fmt: skip
+    runs = tmp_path / "runs"
+    supervision.Supervision(runs / "r1" / supervision.FILE, state).save()
+    assert f"{bucket.url_of('r1')}: no checkpoint" in describe_runs([state], runs)
+    upload_checkpoint(bucket, "r1", _checkpoint(tmp_path / "instance", 30))
+    line = describe_runs([state], runs).splitlines()[-1]
+    age = re.search(rf"{re.escape(bucket.url_of('r1'))}: step 30, (\d+) s ago", line)
+    assert age is not None and int(age.group(1)) < 120, line
 
 
 def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(

@@ -196,6 +196,20 @@ class Bucket:
             raise _classify("downloading", self.url_of(key), exc) from exc
         return digest.hexdigest()
 
+    def modified(self, key: str) -> float | None:
+        """When the object was last written (epoch seconds), or None when there is none."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self._client.head_object(Bucket=self.name, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
+                return None
+            raise _classify("reading", self.url_of(key), exc) from exc
+        except Exception as exc:
+            raise _classify("reading", self.url_of(key), exc) from exc
+        return float(head["LastModified"].timestamp())
+
     def delete(self, key: str) -> None:
         """Remove ``key``; an absent key is not an error (S3 semantics)."""
         self._call("deleting", key, "delete_object", Key=self._key(key))

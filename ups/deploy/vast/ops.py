@@ -238,7 +238,14 @@ def _in_bucket(st: supervision.State) -> str:
         return f"; bucket: unknown ({err})"
     if bucket is None:
         return ""
-    return f"; {bucket.url_of(st.run_id)}: " + (f"step {ref.step}" if ref else "no checkpoint")
+    if ref is None:
+        return f"; {bucket.url_of(st.run_id)}: no checkpoint"
+    try:
+        at = bucket.modified(ref.commit_key)
+    except BucketError:
+        at = None
+    age = f", {time.time() - at:.0f} s ago" if at is not None else ""
+    return f"; {bucket.url_of(st.run_id)}: step {ref.step}{age}"
 
 
 def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
