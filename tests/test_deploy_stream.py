@@ -38,6 +38,8 @@ def test_follower_copy_is_byte_identical_across_drops(sshd: SshServer, tmp_path:
         connected.wait(timeout=30)
         with log.open("ab", buffering=0) as fh:
             for i in range(600):
+                if i == 500:  # the last lines wait for every drop: all land mid-follow
+                    all_dropped.wait(timeout=60)
                 line = f'{{"event":"step","step":{i},"pad":"{"x" * (i % 200)}"}}\n'.encode()
                 if i % 50 == 0:
                     line = b"[rank1]: raw torchrun line \xff\xfe not utf-8\n"
@@ -47,12 +49,17 @@ def test_follower_copy_is_byte_identical_across_drops(sshd: SshServer, tmp_path:
         done.write_text("0")
 
     drops = []
+    all_dropped = threading.Event()
 
     def killer() -> None:
         connected.wait(timeout=30)
-        for _ in range(4):
-            time.sleep(0.7)
+        for n in range(4):
+            deadline = time.monotonic() + 30
+            while len(conns) < n + 1 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the follower reconnecting after the last drop
+            time.sleep(0.3)  # some lines flow on this connection before it is dropped
             drops.append(sshd.drop_sessions())
+        all_dropped.set()
 
     got = bytearray()
     follower = LogFollower(open_transport, str(log), [str(done)], got.extend, heartbeat_s=2.0)
