@@ -12,7 +12,7 @@ import pytest
 from tests.deploy_fixtures import SshServer, sshd
 from ups.deploy.connect import connect
 from ups.deploy.hosts import get_host
-from ups.deploy.stream import LogFollower
+from ups.deploy.stream import STOP_REQUESTED, LogFollower
 
 __all__ = ["sshd"]
 
@@ -78,3 +78,35 @@ def test_follower_copy_is_byte_identical_across_drops(sshd: SshServer, tmp_path:
     assert stats.reconnects >= 3
     assert bytes(got) == log.read_bytes()
     assert stats.lines == 600
+
+
+def test_a_swallowed_interrupt_still_stops_the_follower(sshd: SshServer, tmp_path: Path) -> None:
+    """The stop signal's handler sets STOP_REQUESTED as it raises KeyboardInterrupt; when a
+    library swallows that exception, the follower raises it again at its next poll. Here
+    the flag is set from another thread with no exception at all: follow() still ends with
+    KeyboardInterrupt within a second or two, instead of following a run that never ends."""
+    spec, known = get_host("test", sshd.write_hosts(tmp_path / "hosts.yaml"))
+    log = tmp_path / "launch.log"
+    log.write_text('{"event":"train_step","step":1}\n')
+    conns: list[Any] = []
+
+    def open_transport() -> Any:
+        conns.append(connect(spec, known))
+        return conns[-1].transport
+
+    lines: list[bytes] = []
+    follower = LogFollower(open_transport, str(log), [str(tmp_path / "never")], lines.append)
+    timer = threading.Timer(1.0, STOP_REQUESTED.set)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            follower.follow()
+    finally:
+        STOP_REQUESTED.clear()
+        timer.cancel()
+        follower.close()
+        for c in conns:
+            c.close()
+    assert lines == [b'{"event":"train_step","step":1}\n']
+    assert time.monotonic() - started < 30

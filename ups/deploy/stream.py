@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,19 @@ HEARTBEAT_S = 2.0
 """The remote watcher writes one byte to stderr this often, so a silent dead link shows."""
 
 _DROPS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
+
+
+STOP_REQUESTED = threading.Event()
+"""Set by the deploy's stop-signal handler (``ups.deploy.vast.rental.signals_interrupt``)
+as it raises KeyboardInterrupt. A library that was waiting on its own when the signal came
+may swallow that exception; the follower raises it again at its next poll (0.2 s), so a
+Ctrl-C is never lost. (Seen under load: a deploy went on following for minutes after a
+Ctrl-C, in the tests that press it mid-run.)"""
+
+
+def raise_if_stop_requested() -> None:
+    if STOP_REQUESTED.is_set():
+        raise KeyboardInterrupt
 
 
 class ConnectionDropped(Exception):
@@ -143,6 +157,7 @@ class LogFollower:
                     chunk = chan.recv(65536)
                 except TimeoutError:
                     chunk = None
+                raise_if_stop_requested()
                 while chan.recv_stderr_ready():
                     chan.recv_stderr(4096)
                     last_heard = time.monotonic()

@@ -26,6 +26,7 @@ from ups.deploy.fetch import fetch as fetch_run
 from ups.deploy.hostkeys import known_hosts_name, load_into, save_host_keys
 from ups.deploy.session import Target, write_private
 from ups.deploy.session import run as run_remote
+from ups.deploy.stream import STOP_REQUESTED
 from ups.deploy.vast.client import VastApi
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.faults import HostFault, Side, UserFault, classify_status
@@ -41,17 +42,24 @@ FETCH_LEASE_S = 1800.0
 
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP (terminal closed) raise KeyboardInterrupt, like Ctrl-C."""
+    """SIGTERM and SIGHUP (terminal closed) raise KeyboardInterrupt, like Ctrl-C; each of
+    the three also sets :data:`~ups.deploy.stream.STOP_REQUESTED`, so a KeyboardInterrupt
+    that a library swallows is raised again by the log follower."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        STOP_REQUESTED.set()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in sigs}
     try:
         yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        STOP_REQUESTED.clear()
 
 
 @contextlib.contextmanager
