@@ -318,11 +318,15 @@ class FakeVast:
                     offer[key] = value
 
     def destroy(self, instance_id: int) -> None:
+        """Kill the instance's processes, then drop it from the listing: a test that sees
+        the listing empty (``wait_empty``) may assert that nothing of it still runs."""
         with self.lock:
-            inst = self.instances.pop(instance_id)
-            self.destroyed[instance_id] = inst
+            inst = self.instances[instance_id]
         inst.tick()
         self._kill(inst)
+        with self.lock:
+            self.instances.pop(instance_id, None)
+            self.destroyed[instance_id] = inst
 
     # -- real instances -----------------------------------------------------------------
     def _boot(self, inst: FakeInstance) -> None:
