@@ -40,6 +40,19 @@ def _hosts(fake: FakeVast, tmp_path: Path, data: Path, **entry: object) -> Path:
     )  # fmt: skip
 
 
+def _uninterrupted_run(tmp_path: Path, config: Path, demo_data: Path) -> Path:
+    """The same run uninterrupted, with `ups launch` here: its run directory."""
+    ref = tmp_path / "ref"
+    (ref / "data").mkdir(parents=True)
+    (ref / "data" / "demo").symlink_to(demo_data)
+    done = subprocess.run(
+        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:]
+    return ref / "runs" / "ref"
+
+
 def _deploy(
     tmp_path: Path, fake: FakeVast, hosts: Path, config: Path, run: str
 ) -> subprocess.Popen[str]:
@@ -106,19 +119,11 @@ def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     second = next(i for i in fake_vast.destroyed.values() if i.id != first.id)
     assert second.offer["id"] != first.offer["id"]  # the outbid machine is taken
-    # The same run uninterrupted, with `ups launch` here.
-    ref = tmp_path / "ref"
-    (ref / "data").mkdir(parents=True)
-    (ref / "data" / "demo").symlink_to(demo_data)
-    done = subprocess.run(
-        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:]
-    mine, theirs = _final_model(run_dir), _final_model(ref / "runs" / "ref")
+    ref_run = _uninterrupted_run(tmp_path, config, demo_data)
+    mine, theirs = _final_model(run_dir), _final_model(ref_run)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     log = run_dir / "logs" / "launch.log"
-    ref_log = ref / "runs" / "ref" / "logs" / "launch.log"
+    ref_log = ref_run / "logs" / "launch.log"
     steps = [(e["step"], e["train/loss"]) for e in _events(log, "train_step")]
     assert steps == [(e["step"], e["train/loss"]) for e in _events(ref_log, "train_step")]
     (marked,) = _events(log, RECOVERY_EVENT)

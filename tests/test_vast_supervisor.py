@@ -24,12 +24,10 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import worker_env
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
 from tests.fake_vast import FakeVast, fab_env, fake_vast
-from tests.launch_helpers import launch_cmd
 from tests.s3_server import S3Server, s3_server
-from tests.test_vast_recovery import _events, _final_model, _hosts
+from tests.test_vast_recovery import _events, _final_model, _hosts, _uninterrupted_run
 from ups.bucket import Bucket, committed_checkpoints
 from ups.deploy.vast import lease
 from ups.deploy.vast.lease import EXIT_SUPERVISED
@@ -260,13 +258,6 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
 def _same_weights_as_uninterrupted(
     run_dir: Path, tmp_path: Path, config: Path, demo_data: Path
 ) -> None:
-    ref = tmp_path / "ref"
-    (ref / "data").mkdir(parents=True)
-    (ref / "data" / "demo").symlink_to(demo_data)
-    done = subprocess.run(
-        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:]
-    mine, theirs = _final_model(run_dir), _final_model(ref / "runs" / "ref")
+    mine = _final_model(run_dir)
+    theirs = _final_model(_uninterrupted_run(tmp_path, config, demo_data))
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
