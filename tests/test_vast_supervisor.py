@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -220,10 +219,11 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     fake_vast: FakeVast, demo_data: Path, s3_server: S3Server, tmp_path: Path
 ) -> None:
     """The run names a bucket. Detached; its supervisor SIGKILLed once the instance has
-    committed checkpoint 10 in the bucket, and this laptop keeps no checkpoint of its own
-    (as if it had slept before syncing any); the instance is outbid while nothing
-    supervises. The same deploy run again fetches step 10 from the bucket, recovers on a
-    new instance and finishes with weights equal to an uninterrupted run's."""
+    committed checkpoint 10 in the bucket; the instance is outbid while nothing supervises.
+    The same deploy run again on another machine (its own HOME, state dir and runs/: no
+    checkpoint, no supervision state of this run) takes the run's state from the bucket,
+    fetches step 10 from it, recovers on a new instance and finishes with weights equal to
+    an uninterrupted run's."""
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
     hosts = _hosts(fake_vast, tmp_path, demo_data, checkpoint_sync=s3_server.url())
     config = demo_config(tmp_path / "demo.yaml", max_steps=20)
@@ -239,12 +239,15 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
         assert time.monotonic() < deadline, "checkpoint 10 never reached the bucket"
         time.sleep(0.5)  # the instance's uploader committing it
     _sigkill(held.pid)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # the laptop kept none
     (first,) = fake_vast.live()
     fake_vast.outbid(first.id)
 
-    code, out, err = _done(_fab(tmp_path, fake_vast, *deploy, env=s3_env), 400)
+    other = tmp_path / "always-on-host"  # HOME, state dir and runs/ of another machine
+    other.mkdir()
+    run_dir = other / "runs" / "unsup-s3"
+    code, out, err = _done(_fab(other, fake_vast, *deploy, env=s3_env), 400)
     assert code == 0, out[-4000:] + err[-3000:]
+    assert "supervised elsewhere: its state is taken from s3://ups-test/runs/unsup-s3/" in out
     assert "fetched checkpoint step 10 from s3://ups-test/runs/unsup-s3/" in out, out[-4000:]
     assert "recovery 1/3: picking up run unsup-s3" in out and "from step 10" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2

@@ -20,7 +20,9 @@ from ups import jsonio
 from ups.bucket import Bucket, BucketError, fetch_checkpoint, newest_checkpoint
 from ups.bucket.checkpoints import local_checkpoints
 from ups.config import Config
+from ups.deploy.vast import supervision
 from ups.deploy.vast.lease import LEASE_FILE, Holder, LeaseHeld
+from ups.deploy.vast.supervision import State
 
 SETTLE_S = 2.0
 """Between writing the lease object and reading it back: S3 has no compare-and-swap that
@@ -43,6 +45,18 @@ def mirror(bucket: Bucket, run_id: str, say: Callable[[str], None]) -> Callable[
             say(f"warning: {name} not written to the bucket this time ({err}); kept locally")
 
     return put
+
+
+def saved_state(bucket: Bucket, run_id: str, say: Callable[[str], None]) -> State | None:
+    """The run's supervision state as its last supervisor mirrored it (another machine's,
+    when this one has none), or None."""
+    key = f"{run_id}/{supervision.FILE}"
+    try:
+        raw = bucket.get_bytes(key)
+    except BucketError as err:
+        say(f"warning: the run's supervision state could not be read from the bucket ({err})")
+        return None
+    return None if raw is None else supervision.parse(raw.decode(), bucket.url_of(key))
 
 
 def fetch_newer(bucket: Bucket, run_id: str, local_dir: Path, say: Callable[[str], None]) -> None:

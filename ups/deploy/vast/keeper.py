@@ -362,7 +362,10 @@ class Keeper:
         return Pending(self.recoveries, reason, step, path, last - step, detected)
 
     def continue_local(self) -> None:
-        """A run directory here with a checkpoint continues from it; else a fresh log."""
+        """A run directory here with a checkpoint continues from it (the bucket's newest
+        first, when it is newer); else a fresh log."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
         if newest_good(self.run_dir / "checkpoints") is None:
             self.log.reset()
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -87,6 +88,8 @@ class VastDeploy:
         held = lease.Lease(run_dir, plan.run_id, self.mode, bucket)
         held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
         try:
+            if not known and bucket is not None:
+                known = _adopt(sup, bucket, say)
             if detach and known:  # the run exists: its background supervisor picks it up
                 if sup.state.ended:
                     raise UsageError(
@@ -117,6 +120,24 @@ class VastDeploy:
                 f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
             )
         return code
+
+
+def _adopt(sup: supervision.Supervision, bucket: Bucket, say: Callable[[str], None]) -> bool:
+    """A run this machine never supervised, but another machine did (its state is in the
+    bucket): take up that record (instances, recoveries, cost) under this machine's paths."""
+    theirs = bucket_state.saved_state(bucket, sup.state.run_id, say)
+    if theirs is None:
+        return False
+    mine = sup.state
+    sup.state = dataclasses.replace(
+        theirs, config=mine.config, hosts_file=mine.hosts_file, overrides=mine.overrides
+    )
+    sup.save()
+    say(
+        f"run {mine.run_id} was supervised elsewhere: its state is taken from "
+        f"{bucket.url_of(f'{mine.run_id}/{supervision.FILE}')}"
+    )
+    return True
 
 
 def plan(
