@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo try-deploy test test-fast lint bench clean
+.PHONY: venv demo try-deploy test test-fast test-durations lint bench clean
 
 $(STAMP): pyproject.toml
 	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
@@ -30,6 +30,11 @@ try-deploy: $(STAMP)
 
 test: $(STAMP)
 	bash scripts/test.sh
+
+# The whole suite, then tests/durations.json updated from it: the order the side-by-side
+# workers take tests in next time (longest first; tests/scheduling.py).
+test-durations: $(STAMP)
+	bash scripts/test.sh --store-durations
 
 # The quick tier: unit and pure-logic tests only (no torchrun, sshd, Docker or any other
 # process; tests/conftest.py fails a test that starts one without the `slow` marker).

@@ -21,6 +21,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
+pytest_plugins = ["tests.scheduling"]  # the longest tests first on the side-by-side workers
+
 
 def write_advection(path: Path, n: int = 24, t: int = 11, x: int = 64, seed: int = 0) -> Path:
     """A 1D advection file in PDEBench layout: exact transport of a two-mode sine."""

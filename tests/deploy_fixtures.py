@@ -189,15 +189,32 @@ FAB = VENV_BIN / "fab"
 
 @pytest.fixture(scope="session")
 def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo HDF5 files, synthesized once per session with the real ``ups data synth``."""
-    out = tmp_path_factory.mktemp("demo-data") / "demo"
-    subprocess.run(
-        [str(VENV_BIN / "ups"), "data", "synth", "--out", str(out)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return out
+    """The demo HDF5 files, synthesized with the real ``ups data synth`` once per test run."""
+    return shared_demo_data(tmp_path_factory)
+
+
+def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
+    """``<run's temp dir>/demo-data/demo``, written once per run: the xdist workers share
+    the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to take
+    the lock synthesizes (30-45 s on a loaded 2-core machine), the others wait and reuse it.
+    Read-only for the tests: the files are the same for every test (the synth is seeded)."""
+    from filelock import FileLock
+
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / "demo-data"
+    with FileLock(str(base / "demo-data.lock"), timeout=600):
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker killed while writing it
+            subprocess.run(
+                [str(VENV_BIN / "ups"), "data", "synth", "--out", str(root / "demo")],
+                check=True,
+                capture_output=True,
+                timeout=300,
+            )
+            (root / ".complete").touch()
+    return root / "demo"
 
 
 def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:

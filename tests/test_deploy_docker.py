@@ -17,7 +17,12 @@ from tests.docker_fixtures import COMPOSE, Engine, build_app, engines, import_ti
 
 __all__ = ["demo_data", "engines", "sshd"]  # fixtures used by name below
 
-pytestmark = [pytest.mark.docker, pytest.mark.ssh, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.ssh,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("deploy_docker"),  # one worker: its private engines start once
+]
 
 IMAGE = "ups-deploytest:app"
 

@@ -24,7 +24,11 @@ from ups.deploy.request import DeployRequest
 
 __all__ = ["demo_data", "engines", "fake_vast", "sshd"]  # fixtures used by name below
 
-pytestmark = [pytest.mark.slow, pytest.mark.ssh]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.ssh,
+    pytest.mark.xdist_group("deploy_dry_run"),  # one worker: its private engines start once
+]
 
 
 def _printed(text: str) -> list[str]:

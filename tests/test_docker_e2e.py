@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.deploy_fixtures import shared_demo_data
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,40 +35,16 @@ CUDA_CACHE = ROOT / "tests/fixtures/cache_cuda/latents_cuda0.pt"
 
 
 @pytest.fixture(scope="session")
-def _synth(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    """Start writing the demo data on the host; it runs while the images build."""
-    root = tmp_path_factory.mktemp("docker-data")
-    log = (tmp_path_factory.getbasetemp() / "synth.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ups", "data", "synth", "--out", str(root / "demo")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        yield root, proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-        log.close()
-
-
-@pytest.fixture(scope="session")
-def image(ups_image: str, _synth: tuple[Path, subprocess.Popen[str]]) -> str:
-    """The CPU image (conftest's ``ups_image``); the demo data is written meanwhile."""
+def image(ups_image: str) -> str:
+    """The CPU image (conftest's ``ups_image``)."""
     return ups_image
 
 
 @pytest.fixture(scope="session")
-def demo_data(_synth: tuple[Path, subprocess.Popen[str]]) -> Path:
-    """The demo data files in PDEBench layout, written once per session on the host."""
-    root, proc = _synth
-    proc.wait(timeout=300)
-    log = root.parent / "synth.log"
-    assert proc.returncode == 0, log.read_text()[-2000:]
+def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo data files in PDEBench layout, written once per run on the host (shared
+    with the deploy tests' copy)."""
+    root = shared_demo_data(tmp_path_factory).parent
     root.chmod(0o755)  # mounted at /app/data; the container runs as uid 1000
     return root
 

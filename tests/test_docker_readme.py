@@ -28,7 +28,12 @@ import yaml
 
 # Generous: on a loaded 2-core machine the first test also pays for the clone, the
 # build check and the demo data (about 1-4 min), and each run for preflight and torch.
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.slow,
+    pytest.mark.timeout(1500),
+    pytest.mark.xdist_group("docker_readme"),  # one worker: the module's clone is built once
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_COMPOSE = "docker compose -f docker-compose.yml -f docker/compose.cpu.yml"

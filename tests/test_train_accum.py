@@ -23,6 +23,8 @@ from tests.fault_helpers import events, strict_json, survivors
 from ups.train.checkpoint import load_checkpoint
 from ups.train.resume import ResumeRefused, check_resume, remapped_step
 
+pytestmark = pytest.mark.xdist_group("train_accum")  # one worker: the three runs are shared
+
 STEPS = 4
 SAVED = 3
 """``checkpoint.every_steps``: every run saves after step 2, before the step a fault hits."""

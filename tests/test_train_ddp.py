@@ -35,7 +35,10 @@ from tests.conftest import (
 )
 from tests.wandb_offline import find_wandb_files, read_offline_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("train_ddp"),  # one worker: the module's two-rank run is shared
+]
 
 WORLD = 2
 BATCH = 8
