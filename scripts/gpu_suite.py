@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,12 @@ class Step:
     summary: str
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @dataclass
 class Suite:
     args: argparse.Namespace
@@ -71,6 +78,9 @@ class Suite:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
+    port: int = field(default_factory=lambda: _free_port())
+    """The master port of every run and preflight here: a free one, not 29500, since the
+    ``--cpu`` mode runs beside other tests (CI's side-by-side workers) that may hold it."""
 
     def remaining(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.started)
@@ -188,7 +198,8 @@ def _entry_points(s: Suite) -> Path:
 
 
 def _preflight(s: Suite, *args: str, timeout: float = 150) -> tuple[int, dict[str, Any]]:
-    proc = s.sh(["ups-preflight", "--json", "--events", "off", *args], timeout)
+    cmd = ["ups-preflight", "--json", "--events", "off", "--master-port", str(s.port), *args]
+    proc = s.sh(cmd, timeout)
     try:
         report: dict[str, Any] = json.loads(proc.stdout[proc.stdout.index("{") :])
     except ValueError:
@@ -320,7 +331,7 @@ def _config(s: Suite, name: str, backend: str, sets: dict[str, Any], faults: lis
     for task in cfg["tasks"]:
         task["path"] = str(s.work / "data" / Path(task["path"]).name)
     cfg["run"]["output_dir"] = str(s.work / "runs" / name)
-    cfg["distributed"] = {"backend": backend, "nproc_per_node": 1}
+    cfg["distributed"] = {"backend": backend, "nproc_per_node": 1, "master_port": s.port}
     cfg["wandb"] = {"mode": "disabled"}
     training = cfg["training"]
     training.update(max_steps=s.args.train_steps, log_every=10)
