@@ -7,13 +7,14 @@
 # not a pass. The docker tests share one build of ups:cpu per run (conftest `ups_image`,
 # once across the xdist workers too).
 #
-# Tests run side by side (pytest-xdist): most of the suite waits on subprocesses, sshd, the
-# FAKE Vast's instances and Docker, not on the CPU. UPS_TEST_WORKERS (default 6) sets the
-# worker count. `--dist loadgroup` hands out one test at a time, except a module marked
-# `xdist_group` (an expensive module-scoped fixture: private Docker engines, shared training
-# runs), whose tests stay on one worker; tests/scheduling.py hands out the longest first
-# (tests/durations.json, `make test-durations`), so no long test starts last. Extra
-# arguments go to pytest.
+# Tests run side by side (pytest-xdist). UPS_TEST_WORKERS (default 4) sets the worker
+# count: 6 made every test 1.5x slower and the run no shorter, since the suite is bound by
+# the CPU (counting the processes of containers and FAKE Vast instances, which `time`
+# does not see). `--dist loadgroup` hands out one test at a time, except a module marked
+# `xdist_group` (an expensive module-scoped fixture: private Docker engines, shared
+# training runs), whose tests stay on one worker; tests/scheduling.py hands out the
+# longest first (tests/durations.json, `make test-durations`), so no long test starts
+# last. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -57,5 +58,5 @@ fi
 rm -f "$build_log"
 trap - EXIT
 echo "== pytest"
-exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-6}" --dist loadgroup \
+exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-4}" --dist loadgroup \
     --no-loadscope-reorder "$@"
