@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
 from ups.config import ModelConfig
+
+if TYPE_CHECKING:
+    from ups.data.pdebench import TaskInfo
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,27 @@ class TaskShape:
     """Typical size of what the decoder predicts (the field for steady tasks, the one-step
     change for time tasks); the decoder works in units of it, so training starts at the
     right magnitude instead of spending its first hundreds of steps finding it."""
+
+
+def task_shapes(
+    infos: Mapping[str, TaskInfo],
+    scales: Mapping[str, float] | None = None,
+    offsets: Mapping[str, Tensor] | None = None,
+) -> list[TaskShape]:
+    """Each task's shape as the model needs it, from what the data files say."""
+    scales, offsets = scales or {}, offsets or {}
+    return [
+        TaskShape(
+            i.name,
+            i.channels,
+            i.channels,
+            tuple(i.spatial),
+            i.steady,
+            out_offset=offsets.get(i.name),
+            out_scale=scales.get(i.name, 1.0),
+        )
+        for i in infos.values()
+    ]
 
 
 class PatchEncoder(nn.Module):

@@ -18,12 +18,12 @@ from ups.console import LOG_FORMATS, wants_console
 from ups.data.pdebench import DataError, TaskInfo, inspect_task
 from ups.distributed.env import read_dist_env
 from ups.log import get_logger, setup_logging
-from ups.model import model_problems
+from ups.model import model_problems, task_shapes
 from ups.outcome import EXIT_CONFIG
 from ups.train.amp import precision_problems
 from ups.train.cache import cache_problems
 from ups.train.faults import ENV_VAR, fault_problems, parse_faults
-from ups.train.run import task_shapes, train
+from ups.train.run import train
 from ups.train.signals import StopFlag
 from ups.train.tracking import decide_wandb_for_rank
 

@@ -31,7 +31,7 @@ from ups.distributed.process_group import (
 from ups.distributed.stacks import dump_stack_of, enable_stack_dumps
 from ups.fsio import atomic_write_text
 from ups.log import setup_logging
-from ups.model import LatentOperator, TaskShape, build_model
+from ups.model import LatentOperator, build_model, task_shapes
 from ups.outcome import (
     EXIT_CONFIG,
     EXIT_FAILED,
@@ -72,26 +72,6 @@ from ups.worker_death import LOADER_DIED, worker_death
 
 log = structlog.get_logger()
 _fault_log: IO[str] | None = None  # kept open for faulthandler for the life of the process
-
-
-def task_shapes(
-    infos: dict[str, TaskInfo],
-    scales: dict[str, float] | None = None,
-    offsets: dict[str, torch.Tensor] | None = None,
-) -> list[TaskShape]:
-    scales, offsets = scales or {}, offsets or {}
-    return [
-        TaskShape(
-            i.name,
-            i.channels,
-            i.channels,
-            tuple(i.spatial),
-            i.steady,
-            out_offset=offsets.get(i.name),
-            out_scale=scales.get(i.name, 1.0),
-        )
-        for i in infos.values()
-    ]
 
 
 def make_model(cfg: Config, infos: dict[str, TaskInfo]) -> LatentOperator:

@@ -18,10 +18,9 @@ import torch
 from ups.config import Config
 from ups.console.units import GiB, human_bytes
 from ups.data.pdebench import DataError, PDEBenchDataset, inspect_task
-from ups.model import build_model
+from ups.model import build_model, task_shapes
 from ups.preflight.options import Context
 from ups.preflight.result import CheckResult, Status
-from ups.train.run import task_shapes
 
 MIN_FREE = 2 * GiB
 """Below this a run fails at its first checkpoints; fail (also the floor of the estimate)."""
