@@ -11,16 +11,14 @@ run that ends by itself is relaunched only when ``ups/retry.py`` calls its cause
 retryable. ``max_recoveries`` and ``max_hours`` (one deadline across all instances)
 bound everything; past them the deploy exits 8.
 
-:func:`run` is what ``fab deploy --host vast`` runs: it ends every instance it created
-per ``on_exit`` on every path (exception, Ctrl-C, SIGTERM, SIGHUP) and then prints the
-summary: instances used, recoveries, cost, time lost.
+What ``fab deploy --host vast`` runs around it (every instance ended on every path) is
+:func:`ups.deploy.vast.deploy_run.run`.
 """
 
 from __future__ import annotations
 
 import posixpath
 import time
-from pathlib import Path
 
 import psutil
 
@@ -35,7 +33,7 @@ from ups.deploy.runs import existing, read_result
 from ups.deploy.session import Target
 from ups.deploy.session import run as run_remote
 from ups.deploy.vast.bucket_state import fetch_newer
-from ups.deploy.vast.errors import InstanceFailed, Interrupted, RecoveriesExhausted
+from ups.deploy.vast.errors import InstanceFailed, RecoveriesExhausted
 from ups.deploy.vast.faults import HostFault, Side, failed_checks, preflight_side
 from ups.deploy.vast.instance import State
 from ups.deploy.vast.monitor import (
@@ -47,14 +45,14 @@ from ups.deploy.vast.monitor import (
     Pending,
     _event,
 )
-from ups.deploy.vast.rental import Lifecycle, signals_interrupt
+from ups.deploy.vast.rental import Lifecycle
 from ups.deploy.vast.rental_plan import container_spec
 from ups.deploy.vast.supervision import Supervision
 from ups.deploy.vast.sync import CheckpointSync, Synced, newest_good
 from ups.deploy.vast.tries import rent
 from ups.retry import retry_verdict
 
-__all__ = ["RECOVERY_EVENT", "Keeper", "run"]
+__all__ = ["RECOVERY_EVENT", "Keeper", "host_or_user"]
 _LOST_ERRORS = (DeployError, OSError, EOFError)
 
 
@@ -414,51 +412,6 @@ class Keeper:
         )
 
 
-def run(
-    lifecycle: Lifecycle,
-    *,
-    env: dict[str, str],
-    skip_preflight: bool,
-    watchdog_key: str | None,
-    sup: Supervision,
-    bucket: Bucket | None = None,
-    mirror: Path | None = None,
-) -> int:
-    """The whole deploy; ends every instance on every path and returns the run's exit code.
-
-    ``skip_preflight`` is already in the plan; ``mirror`` (``--save``) is kept for a
-    detached deploy only: a followed one keeps its log in the local run directory.
-    """
-    del skip_preflight
-    plan = lifecycle.plan
-    keeper = Keeper(lifecycle, env, watchdog_key, sup, bucket)
-    reason = "run ended"
-    code = 1
-    try:
-        with signals_interrupt():
-            if not plan.deploy.follow:
-                return _detached(lifecycle, keeper, env, mirror)
-            code = keeper.run()
-            sup.finished(f"exit {code}", code)
-    except KeyboardInterrupt as exc:
-        reason = f"interrupted ({exc or 'Ctrl-C'})"
-        problems = _end_all(lifecycle, keeper, reason)
-        raise Interrupted(
-            f"{reason}: ended the instance per on_exit ({plan.spec.on_exit}) before exiting."
-            + (" " + " ".join(problems) if problems else "")
-        ) from None
-    except BaseException as exc:
-        reason = f"deploy failed: {type(exc).__name__}"
-        problems = _end_all(lifecycle, keeper, reason)
-        if problems and isinstance(exc, DeployError):
-            raise type(exc)(f"{exc} Also: {' '.join(problems)}") from None
-        raise
-    problems = _end_all(lifecycle, keeper, reason)
-    if problems:
-        raise DeployError(" ".join(problems))
-    return code
-
-
 def host_or_user(err: PreflightFailed) -> DeployError:
     """A preflight failure of the machine's own checks is a host fault (next offer); one
     of the config, data or image is the user's (it stops the deploy)."""
@@ -466,48 +419,6 @@ def host_or_user(err: PreflightFailed) -> DeployError:
         checks = ", ".join(failed_checks(err.report))
         return HostFault(str(err), f"preflight failed there ({checks})")
     return err
-
-
-def _end_all(lifecycle: Lifecycle, keeper: Keeper, reason: str) -> list[str]:
-    keeper.log.close()
-    problems = lifecycle.teardown(reason)
-    if lifecycle.plan.spec.on_exit != "keep":
-        for instance_id in lifecycle.created:
-            keeper.sup.instance_ended(instance_id, reason)
-    if keeper.legs:
-        lifecycle.say(keeper.summary())
-    return problems
-
-
-def _detached(
-    lifecycle: Lifecycle, keeper: Keeper, env: dict[str, str], mirror: Path | None
-) -> int:
-    """``--detach``: start the run and leave the instance to its watchdog."""
-
-    def start(instance_id: int) -> tuple[Leg, int]:
-        leg = keeper.leg(instance_id)
-        target = keeper.boot(leg)
-        try:
-            code = operate.deploy(
-                target,
-                keeper.plan_on(target),
-                env=env,
-                replan=lambda run_id: lifecycle.plan.replan(target.spec, run_id),
-                mirror=mirror,
-            )
-        except PreflightFailed as err:
-            raise host_or_user(err) from None
-        return leg, code
-
-    leg, code = rent(lifecycle, start)
-    plan = lifecycle.plan
-    lifecycle.created.clear()  # detached: the watchdog owns the instance now
-    keeper.legs.clear()
-    lifecycle.say(
-        f"instance {leg.instance_id} keeps running detached; its watchdog ends it at "
-        f"max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` ends it now."
-    )
-    return code
 
 
 def process_started() -> float:

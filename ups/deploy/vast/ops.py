@@ -20,9 +20,9 @@ from ups.deploy.hosts import ContainerHost, VastHost
 from ups.deploy.operate import bucket_credentials
 from ups.deploy.vast import background, bucket_state, lease, supervision
 from ups.deploy.vast.client import VastApi
+from ups.deploy.vast.deploy_run import run
 from ups.deploy.vast.errors import VastApiError
 from ups.deploy.vast.instance import Instance, State, label_for
-from ups.deploy.vast.keeper import run
 from ups.deploy.vast.ledger import Ledger, render
 from ups.deploy.vast.rental import Lifecycle, describe_timings
 from ups.deploy.vast.rental_plan import VastPlan, build_vast_plan
