@@ -220,3 +220,17 @@ def test_group_dry_run_plans_one_node_agent_per_host(tmp_path: Path) -> None:
     mixed = fab("deploy", "--host", "a,d", "--hosts-file", str(hosts), "--dry-run", timeout=60)
     assert mixed.returncode == 2
     assert "d (docker)" in mixed.stderr
+
+
+def test_a_bad_value_reads_as_a_sentence_without_pydantics_prefix(tmp_path: Path) -> None:
+    """`checkpoint_sync: my-bucket/ups` (no s3://) says what to write, and not pydantic's
+    "Value error," in front of it."""
+    path = tmp_path / "hosts.yaml"
+    entry = {"kind": "vast", "offer": "num_gpus=1", "max_price_per_hour": 1,
+             "image": "ghcr.io/x/ups:1", "checkpoint_sync": "my-bucket/ups"}  # fmt: skip
+    path.write_text(yaml.safe_dump({"hosts": {"v": entry}}))
+    with pytest.raises(DeployError) as err:
+        get_host("v", path)
+    text = str(err.value)
+    assert "hosts.v: checkpoint_sync: 'my-bucket/ups' is not a bucket URL: write s3://" in text
+    assert "Value error" not in text

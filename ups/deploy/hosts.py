@@ -306,7 +306,8 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
         parsed = HostsFile.model_validate(raw)
     except ValidationError as err:
         problems = "\n".join(
-            f"  - {'.'.join(str(p) for p in _loc(e))}: {e['msg']}" for e in err.errors()
+            f"  - {'.'.join(str(p) for p in _loc(e))}: {e['msg'].removeprefix('Value error, ')}"
+            for e in err.errors()
         )
         raise UsageError(f"hosts file {file} is invalid:\n{problems}") from None
     hosts = {name: spec.model_copy(update={"name": name}) for name, spec in parsed.hosts.items()}
