@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,9 @@ def test_store_round_trip(s3_server: S3Server, tmp_path: Path) -> None:
     bucket.put_bytes("r1/outcome.json", b'{"outcome": "finished"}')
     assert bucket.get_bytes("r1/outcome.json") == b'{"outcome": "finished"}'
     assert bucket.get_bytes("r1/missing") is None
+    written = bucket.modified("r1/outcome.json")
+    assert written is not None and abs(written - time.time()) < 300
+    assert bucket.modified("r1/missing") is None  # HEAD answers a bare 404
     src = tmp_path / "big.bin"
     src.write_bytes(bytes(range(256)) * 40_000)
     bucket.upload_file(src, "r1/logs/big.bin")

@@ -60,6 +60,16 @@ _FIXES = {
 """What to do about the errors a user can fix, by S3 error code."""
 
 
+def _not_found(exc: Exception) -> bool:
+    """The store said there is no such key (GET answers NoSuchKey, HEAD a bare 404)."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in {
+        "NoSuchKey",
+        "404",
+    }
+
+
 def _classify(what: str, key: str, exc: BaseException) -> BucketError:
     """One sentence for a boto/botocore error; unreachable when another try may succeed."""
     from botocore.exceptions import (
@@ -145,17 +155,13 @@ class Bucket:
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None when there is no such key."""
-        from botocore.exceptions import ClientError
-
         try:
             response = self._client.get_object(Bucket=self.name, Key=self._key(key))
             data: bytes = response["Body"].read()
             return data
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
-                return None
-            raise _classify("reading", self.url_of(key), exc) from exc
         except Exception as exc:
+            if _not_found(exc):
+                return None
             raise _classify("reading", self.url_of(key), exc) from exc
 
     def list(self, prefix: str) -> list[str]:
@@ -198,15 +204,11 @@ class Bucket:
 
     def modified(self, key: str) -> float | None:
         """When the object was last written (epoch seconds), or None when there is none."""
-        from botocore.exceptions import ClientError
-
         try:
             head = self._client.head_object(Bucket=self.name, Key=self._key(key))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
-                return None
-            raise _classify("reading", self.url_of(key), exc) from exc
         except Exception as exc:
+            if _not_found(exc):
+                return None
             raise _classify("reading", self.url_of(key), exc) from exc
         return float(head["LastModified"].timestamp())
 
