@@ -1,4 +1,5 @@
-"""Deploy never imports torch: `fab --list`, `fab status`, `fab deploy --dry-run` answer fast.
+"""Deploy never imports torch: `fab --list`, `fab status`, `fab deploy --dry-run` answer fast;
+nor does `ups launch`'s own process, nor preflight's checks that do not use it.
 
 Each check runs in a fresh interpreter (``python -c``): the test process itself has long
 imported torch, so ``sys.modules`` there says nothing.
@@ -62,6 +63,21 @@ def test_dry_run_and_status_of_an_unreachable_host_import_no_torch(tmp_path: Pat
         f"assert tasks.guarded(lambda: tasks.status('h', hosts_file={str(hosts)!r})) == 3\n"
     )
     assert _torch_free(code) == {"torch": False}
+
+
+@pytest.mark.slow
+def test_launch_and_the_checks_without_torch_import_no_torch(tmp_path: Path) -> None:
+    """`ups launch` supervises torchrun, whose agent and workers import torch; its own process
+    does not, nor does `ups-preflight` running only checks that do not need torch. Each import
+    costs about 1.5 s of CPU, on every launch and deploy."""
+    free = free_port()
+    code = (
+        "import ups.cli.launch, ups.launch.execute, ups.launch.finalize, ups.launch.torchrun\n"
+        "from ups.preflight.cli import main\n"
+        f"assert main(['--only', 'ports,ulimits,memory', '--master-port', '{free}', "
+        f"'--json']) == 0\n"
+    )
+    assert _torch_free(code, cwd=tmp_path) == {"torch": False}
 
 
 def test_pins_are_read_through_ups_pins_everywhere(

@@ -7,24 +7,21 @@ redirect every rank's stdout and stderr on its own (``--redirects 3`` under ``--
 passing on a line only once its newline has arrived. Lines of different ranks interleave;
 a line never does.
 
-Those paths are named pipes (:class:`FifoLogsSpecs`, which the torchrun child installs),
-not files: the output costs no disk (a full disk must not fail a rank's ``print()``; the
-lines still reach launch.log when it can be written, and the console always) and has the
-pipe's back-pressure. Where a pipe cannot be made, torchrun writes a plain file, which is
-followed the same way.
+Those paths are named pipes (``FifoLogsSpecs`` in :mod:`ups.launch.torchrun_child`), not
+files: the output costs no disk (a full disk must not fail a rank's ``print()``; the lines
+still reach launch.log when it can be written, and the console always) and has the pipe's
+back-pressure. Where a pipe cannot be made, torchrun writes a plain file, which is followed
+the same way. This module imports no torch: launch's own process never does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import threading
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-
-from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, LogsDest
 
 POLL_S = 0.05
 STREAMS = ("stdout", "stderr")
@@ -164,15 +161,3 @@ def printed_exception(stderr: list[str]) -> str | None:
         if line.strip() and not line[0].isspace():
             return line.strip()[:300]
     return None
-
-
-class FifoLogsSpecs(DefaultLogsSpecs):
-    """torchrun's per-rank output destinations (``--redirects``), made named pipes."""
-
-    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
-        dest = super().reify(envs)
-        for path in [*dest.stdouts.values(), *dest.stderrs.values()]:
-            if path and path != os.devnull:
-                with contextlib.suppress(OSError):  # no pipe here: torchrun writes a file
-                    os.mkfifo(path, 0o600)
-        return dest

@@ -16,8 +16,10 @@ launch can try again on another port; no traceback is printed for it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -25,13 +27,17 @@ from typing import Any
 
 import torch.distributed.run as torch_run
 from torch.distributed import DistNetworkError
-from torch.distributed.elastic.multiprocessing.api import LogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.api import (
+    DefaultLogsSpecs,
+    LogsDest,
+    LogsSpecs,
+    SignalException,
+)
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import get_args_parser, run
 
 from ups import jsonio
 from ups.fsio import atomic_write_text
-from ups.launch.ranklogs import FifoLogsSpecs
 
 _PR_SET_PDEATHSIG = 1
 
@@ -80,6 +86,18 @@ def _store_port_taken(err: DistNetworkError) -> bool:
     """The agent's store could not listen: its port is bound by another process."""
     text = str(err)
     return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+class FifoLogsSpecs(DefaultLogsSpecs):
+    """torchrun's per-rank output destinations (``--redirects``), made named pipes."""
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        dest = super().reify(envs)
+        for path in [*dest.stdouts.values(), *dest.stderrs.values()]:
+            if path and path != os.devnull:
+                with contextlib.suppress(OSError):  # no pipe here: torchrun writes a file
+                    os.mkfifo(path, 0o600)
+        return dest
 
 
 def _fifo_logs_specs(logs_specs_name: str | None) -> type[LogsSpecs]:

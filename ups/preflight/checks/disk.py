@@ -13,12 +13,8 @@ import math
 import shutil
 from pathlib import Path
 
-import torch
-
 from ups.config import Config
 from ups.console.units import GiB, human_bytes
-from ups.data.pdebench import DataError, PDEBenchDataset, inspect_task
-from ups.model import build_model, task_shapes
 from ups.preflight.options import Context
 from ups.preflight.result import CheckResult, Status
 
@@ -42,6 +38,13 @@ def _existing(path: Path) -> Path:
 
 def estimate_run_bytes(cfg: Config, world_size: int) -> dict[str, int]:
     """What the run will write under ``run.output_dir``; raises ValueError/DataError."""
+    # torch and the model only here, when the check runs (ups.preflight.checks: importing
+    # the checks must stay cheap, since launch imports the ports check for its port).
+    import torch
+
+    from ups.data.pdebench import PDEBenchDataset, inspect_task
+    from ups.model import build_model, task_shapes
+
     infos = {t.name: inspect_task(t) for t in cfg.tasks}
     with torch.device("meta"):
         model = build_model(task_shapes(infos), cfg.model)
@@ -62,6 +65,8 @@ def estimate_run_bytes(cfg: Config, world_size: int) -> dict[str, int]:
 
 
 def run(ctx: Context) -> CheckResult:
+    from ups.data.pdebench import DataError
+
     targets = {"output_dir": Path("runs"), "cache_dir": Path("cache")}
     if ctx.cfg is not None:
         targets = {"output_dir": ctx.cfg.run.output_dir, "cache_dir": ctx.cfg.cache.dir}
