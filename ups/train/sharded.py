@@ -10,6 +10,10 @@ counters, RNG, run facts: the same non-tensor entries a ``.pt`` checkpoint holds
 whose files do not match it, is reported and skipped by resume, never trusted.
 
 All ranks must see one directory: on several hosts ``run.output_dir`` has to be shared.
+
+``torch.distributed.checkpoint`` (about 1 s of CPU to import) is imported by the functions
+that read or write shards: a DDP run, which only asks :func:`other_format_checkpoint`,
+never loads it.
 """
 
 from __future__ import annotations
@@ -25,10 +29,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ups import jsonio
 from ups.fsio import atomic_write_bytes, atomic_write_text, fsync_dir
@@ -57,6 +57,8 @@ def list_sharded(directory: Path) -> list[tuple[int, Path]]:
 
 def _os_error(exc: BaseException) -> OSError:
     """The first OSError behind a DCP failure (any rank's), else an EIO carrying its text."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     if isinstance(exc, OSError):
         return exc
     if isinstance(exc, CheckpointException):
@@ -118,6 +120,9 @@ def save_sharded(
     """Every rank: write this rank's part of ``shards``; rank 0 commits ``meta`` and prunes
     to the newest ``keep_last``. Raises :class:`CheckpointSaveFailed` (on every rank when a
     shard write failed anywhere; on rank 0 alone when its commit failed)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
     final = sharded_path(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
     try:
@@ -177,6 +182,8 @@ def latest_good_sharded(directory: Path) -> tuple[Path, dict[str, Any]] | None:
 
 def load_shards(path: Path, shards: dict[str, Any]) -> None:
     """Every rank: fill ``shards`` (a state dict of the right sharded shapes) in place."""
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
     dcp_load(shards, checkpoint_id=path)
 
 
@@ -185,6 +192,7 @@ def consolidated_model(path: Path) -> dict[str, Tensor]:
     # DCP's public converter (format_utils.dcp_to_torch_save) writes the optimizer too;
     # the same loader with a key filter reads only the model.
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
