@@ -241,11 +241,15 @@ def vast_onstart_command(
 
 
 def code_info_command(ups_bin: str) -> str:
-    """Print the remote ``ups`` and ``torch`` versions as JSON, using ups's own interpreter."""
+    """Print the remote ``ups`` and ``torch`` versions as JSON, using ups's own interpreter.
+
+    The versions come from torch's generated ``torch/version.py``, run on its own: importing
+    torch would cost seconds of CPU on every deploy for two strings."""
     probe = (
-        "import json, ups, torch; "
-        "print(json.dumps({'ups': ups.__version__, 'torch': torch.__version__, "
-        "'cuda': torch.version.cuda}))"
+        "import importlib.util, json, os, runpy, ups; "
+        'torch = importlib.util.find_spec("torch").submodule_search_locations[0]; '
+        'v = runpy.run_path(os.path.join(torch, "version.py")); '
+        'print(json.dumps({"ups": ups.__version__, "torch": v["__version__"], "cuda": v["cuda"]}))'
     )
     return f"{ups_python(ups_bin, required=True)}; $PY -c {q(probe)}"
 
