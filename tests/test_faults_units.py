@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ups.distributed.stacks import DUMP_SIGNAL, parse_dump, where_stuck
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_NONFINITE
 from ups.train.failures import nonfinite_metrics
-from ups.train.faults import parse_faults
+from ups.train.faults import FaultInjector, fault_problems, parse_faults
 
 STUCK = """
 import sys, threading, time
@@ -98,3 +99,21 @@ def test_a_nonfinite_eval_metric_is_a_failure_not_a_finish() -> None:
     assert failed is not None and failed.exit_code == EXIT_NONFINITE
     assert "eval/a/rel_l2=nan" in failed.reason and "eval/b/rel_l2=inf" in failed.reason
     assert "training.lr" in failed.reason
+
+
+def test_a_pause_holds_the_step_until_the_run_is_asked_to_stop() -> None:
+    """A ``pause`` fault returns from its step only once the stop flag is set (what SIGTERM
+    does), asleep meanwhile; other steps and the other rank's faults are untouched; on the
+    data loader it is refused before training."""
+    flag = threading.Event()
+    (mine,) = parse_faults("pause@0:2")
+    injector = FaultInjector([mine], 0, under_torchrun=False, stopping=flag.is_set)
+    injector.fire(1)  # not its step: returns at once
+    threading.Timer(0.5, flag.set).start()
+    started, cpu = time.monotonic(), time.process_time()
+    injector.fire(2)
+    assert time.monotonic() - started >= 0.45  # held until the flag was set
+    assert time.process_time() - cpu < 0.2  # asleep, not spinning
+    assert fault_problems([mine]) == []
+    (loader,) = parse_faults("pause@1:2:loader")
+    assert "pause" in fault_problems([loader])[0]

@@ -265,7 +265,16 @@ class PreflightConfig(_Strict):
 
 
 FaultKind = Literal[
-    "oom", "exception", "segfault", "hang", "sigterm", "sigkill", "slow_save", "nan", "alloc"
+    "oom",
+    "exception",
+    "segfault",
+    "hang",
+    "sigterm",
+    "sigkill",
+    "slow_save",
+    "nan",
+    "alloc",
+    "pause",
 ]
 """``oom`` raises ``torch.OutOfMemoryError`` without allocating; ``alloc`` (CUDA only) holds
 half of the device's free memory and then asks its allocator for more than is left, so the
@@ -274,7 +283,12 @@ error is the allocator's own and the held block must be released by the skip.
 at point ``loader`` the DataLoader worker reading that step does (``segfault`` likewise).
 ``slow_save`` makes every checkpoint write from that step on take 35 s longer (more
 than torchrun's default 30 s shutdown timeout), to drill preemption with a slow disk.
-``nan`` makes this rank's loss NaN in that step (the others stay finite)."""
+``nan`` makes this rank's loss NaN in that step (the others stay finite).
+``pause`` holds the rank, asleep, at the start of that step until the run is asked to stop
+(SIGTERM), then lets it finish the step: a run held mid-training without using the CPU,
+for drills that stop it from outside (``fab stop``, the Vast watchdog). Give it to every
+rank at the same step: a rank that goes on waits for the others in the step's first
+collective, and its timeout ends the run."""
 FaultPoint = Literal[
     "start", "forward", "backward", "pack", "clip", "optimizer", "scheduler", "loader"
 ]

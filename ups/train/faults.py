@@ -13,7 +13,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import get_args
 
 import torch
@@ -42,7 +42,8 @@ def parse_faults(text: str) -> list[FaultConfig]:
         except ValueError as exc:
             raise ValueError(
                 f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
-                "one of oom, alloc, exception, segfault, hang, sigterm, sigkill, slow_save, nan "
+                "one of oom, alloc, exception, segfault, hang, sigterm, sigkill, slow_save, nan, "
+                "pause "
                 f"and point one of {', '.join(get_args(FaultPoint))} ({exc})"
             ) from None
     return faults
@@ -54,6 +55,11 @@ def fault_problems(faults: Sequence[FaultConfig]) -> list[str]:
         return [
             "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
             "memory); use kind oom on this host"
+        ]
+    if any(f.kind == "pause" and f.point == "loader" for f in faults):
+        return [
+            "faults: kind pause holds the training process until it is asked to stop; "
+            "give it a point inside the step (start, the default), not loader"
         ]
     return []
 
@@ -75,12 +81,22 @@ def _allocate_past_device_memory(step: int) -> None:
 
 SLOW_SAVE_S = 35.0
 """How much ``slow_save`` delays a checkpoint write: past torchrun's default 30 s grace."""
+PAUSE_POLL_S = 0.1
+"""How often a ``pause`` looks whether the run has been asked to stop."""
 
 
 class FaultInjector:
     """Fires this rank's configured faults at their step and point."""
 
-    def __init__(self, faults: Sequence[FaultConfig], rank: int, *, under_torchrun: bool) -> None:
+    def __init__(
+        self,
+        faults: Sequence[FaultConfig],
+        rank: int,
+        *,
+        under_torchrun: bool,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``stopping``: whether the run has been asked to stop (what ends a ``pause``)."""
         mine = [f for f in faults if f.rank == rank]
         attempt = int(os.environ.get(ATTEMPT_VAR, "1"))
         if mine and attempt > 1:
@@ -91,6 +107,7 @@ class FaultInjector:
         self.faults = {(f.step, f.point): f for f in mine if f.kind != "slow_save"}
         self.slow_save_from = min((f.step for f in mine if f.kind == "slow_save"), default=None)
         self.under_torchrun = under_torchrun
+        self.stopping = stopping
         for f in mine:
             log.warning(
                 "fault_armed", kind=f.kind, fault_rank=f.rank, fault_step=f.step, point=f.point
@@ -130,6 +147,10 @@ class FaultInjector:
         if fault.kind == "hang":
             while True:  # stuck outside any collective, as a deadlocked data loader would be
                 time.sleep(60)
+        if fault.kind == "pause":
+            while not self.stopping():  # asleep: a held run costs no CPU
+                time.sleep(PAUSE_POLL_S)
+            log.warning("fault_pause_ended", step=step, point=point)
         if fault.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "sigterm":

@@ -119,7 +119,10 @@ def build_trainer(
         optimizer=optimizer,
         scheduler=lr_schedule(optimizer, cfg, total_steps(cfg, loader.steps_per_epoch)),
         loader=loader,
-        injector=injector or FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun),
+        injector=injector
+        or FaultInjector(
+            cfg.faults, env.rank, under_torchrun=env.under_torchrun, stopping=stop.is_set
+        ),
         tracker=tracker,
         stop=stop,
         checkpoint_dir=checkpoint_dir,
@@ -393,7 +396,9 @@ def _build(
     run.run_dir = _open_run_dir(cfg, env, run.run_id)
     tracker.start(cfg, run_id=run.run_id, run_dir=run.run_dir, rank=env.rank)
     torch.manual_seed(cfg.run.seed)
-    injector = FaultInjector(cfg.faults, env.rank, under_torchrun=env.under_torchrun)
+    injector = FaultInjector(
+        cfg.faults, env.rank, under_torchrun=env.under_torchrun, stopping=stop.is_set
+    )
     t = cfg.training
     loader = build_loader(
         list(cfg.tasks),
