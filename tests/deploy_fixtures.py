@@ -234,6 +234,13 @@ def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None
     return path
 
 
+def paused_at(step: int, ranks: int = 2) -> list[dict[str, Any]]:
+    """Faults (config ``faults``) that hold every rank, asleep, at ``step`` until the run is
+    stopped (kind ``pause``): a run stopped from outside (`fab stop`, the Vast watchdog)
+    waits for that without training flat out on the machine's cores meanwhile."""
+    return [{"kind": "pause", "rank": rank, "step": step} for rank in range(ranks)]
+
+
 def link_data(workdir: Path, data: Path) -> None:
     (workdir / "data").mkdir(parents=True, exist_ok=True)
     (workdir / "data" / "demo").symlink_to(data)

@@ -23,6 +23,7 @@ from tests.deploy_fixtures import (
     demo_data,
     fab,
     link_data,
+    paused_at,
     sshd,
     start_sshd,
     stop_sshd,
@@ -199,9 +200,10 @@ def test_stop_then_same_deploy_command_continues_the_run(
     again (no --run) continues that run from its checkpoint to the end, showing only the
     new log lines; `--fresh` would start a new id."""
     hosts, workdir = _setup(sshd, demo_data, tmp_path)
-    # Long enough that `fab stop` (an SSH round trip or two after step 5) lands in training
-    # even on a loaded machine, not after the last step.
-    config = demo_config(tmp_path / "demo.yaml", max_steps=300)
+    # Held asleep at step 6 until stopped, so `fab stop` (an SSH round trip or two after
+    # step 5) lands in training however loaded the machine is; the resumed run starts after
+    # step 6, so the pause does not hold it again.
+    config = demo_config(tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6)})
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
     started = fab(*deploy, "--skip-preflight", "--detach")
     assert started.returncode == 0, started.stderr
@@ -227,7 +229,7 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert f"started run {run_id}" in again.stdout
     outcome = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
-    assert outcome["reason"].startswith("all 2 rank(s) finished 300 steps")
+    assert outcome["reason"].startswith("all 2 rank(s) finished 12 steps")
     new_events = [
         json.loads(line)
         for line in log.read_bytes()[size_before:].decode().splitlines()

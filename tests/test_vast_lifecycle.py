@@ -15,7 +15,7 @@ from subprocess import CompletedProcess
 
 import pytest
 
-from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, paused_at
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 
 __all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
@@ -170,7 +170,9 @@ def test_watchdog_destroys_after_max_hours_without_laptop(
         max_hours=WATCHDOG_MAX_HOURS, watchdog_grace_s=1, watchdog_poll_s=0.2,
         watchdog_key_file=str(key_file),
     )  # fmt: skip
-    config = _config(tmp_path, max_steps=100_000)
+    # Held asleep at step 6 until the watchdog stops it: the deadline falls mid-training
+    # without the run training flat out until then.
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"faults": paused_at(6)})
     # No preflight (the happy path covers it): the deadline only has to outlast boot and launch.
     args = _deploy_args(hosts, config, "laptop-gone", "--skip-preflight")
     earliest_deadline = time.time() + WATCHDOG_MAX_HOURS * 3600  # the plan is made after this
