@@ -18,8 +18,10 @@ import pytest
 import yaml
 
 import ups.deploy
-from tests.deploy_fixtures import REPO, demo_config, free_port
+from tests.deploy_fixtures import REPO, demo_config, demo_data, free_port, link_data
 from ups.pins import pinned_versions
+
+__all__ = ["demo_data"]  # a fixture, used by name below
 
 DEPLOY_MODULES = sorted(
     m.name for m in pkgutil.walk_packages(ups.deploy.__path__, prefix="ups.deploy.")
@@ -66,13 +68,19 @@ def test_dry_run_and_status_of_an_unreachable_host_import_no_torch(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_launch_and_the_checks_without_torch_import_no_torch(tmp_path: Path) -> None:
+def test_launch_and_the_checks_without_torch_import_no_torch(
+    demo_data: Path, tmp_path: Path
+) -> None:
     """`ups launch` supervises torchrun, whose agent and workers import torch; its own process
     does not, nor does `ups-preflight` running only checks that do not need torch. Each import
     costs about 1.5 s of CPU, on every launch and deploy."""
     free = free_port()
+    link_data(tmp_path, demo_data)
+    config = demo_config(tmp_path / "c.yaml")
     code = (
-        "import ups.cli.launch, ups.launch.execute, ups.launch.finalize, ups.launch.torchrun\n"
+        "import ups.launch.execute, ups.launch.finalize, ups.launch.torchrun\n"
+        "from ups.cli import launch\n"
+        f"assert launch.main([{str(config)!r}, '--dry-run']) == 0\n"  # plans: counts GPUs
         "from ups.preflight.cli import main\n"
         f"assert main(['--only', 'ports,ulimits,memory', '--master-port', '{free}', "
         f"'--json']) == 0\n"
