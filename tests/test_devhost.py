@@ -140,9 +140,11 @@ def test_dev_host_deploy_round_trip_then_down_leaves_nothing(
         assert outcome["outcome"] == "finished" and outcome["resumed_from"], outcome
         _assert_readme_numbers(outcome["metrics"])
 
-        # A run still training when the host goes down is ended with it.
-        busy = _run(*deploy, *sets, "--set", "training.max_steps=100000", "--fresh",
-                    "--skip-preflight", "--detach", env=env)  # fmt: skip
+        # A run still training when the host goes down is ended with it (held asleep at
+        # step 6 until then by a pause fault, not training flat out on this machine).
+        held = "faults=[{kind: pause, rank: 0, step: 6}, {kind: pause, rank: 1, step: 6}]"
+        busy = _run(*deploy, *sets, "--set", "training.max_steps=100000", "--set", held,
+                    "--fresh", "--skip-preflight", "--detach", env=env)  # fmt: skip
         assert busy.returncode == 0, busy.stderr
         busy_id = busy.stdout.split("started run ", 1)[1].split()[0]
         _wait_for_step(root / "remote" / "runs" / busy_id / "logs" / "launch.log", 1)

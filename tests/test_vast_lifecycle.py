@@ -209,7 +209,8 @@ def test_detach_then_instances_and_down(
     """`--detach` leaves the instance to its watchdog; `fab instances` lists it with its run,
     state and price; `fab status --host vast` finds it by label; `fab down --run` destroys it."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
-    config = _config(tmp_path, max_steps=100_000)
+    # Held asleep at step 6 until `fab down`: still running, not training flat out.
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"faults": paused_at(6)})
     env = fab_env(fake_vast, tmp_path)
     deployed = fab_here(
         tmp_path, *_deploy_args(hosts, config, "detached", "--detach"), env=env, timeout=300
