@@ -20,6 +20,7 @@ import yaml
 import ups.deploy
 from tests.deploy_fixtures import REPO, demo_config, demo_data, free_port, link_data
 from ups.pins import pinned_versions
+from ups.preflight.checks import CHECKS
 
 __all__ = ["demo_data"]  # a fixture, used by name below
 
@@ -72,18 +73,19 @@ def test_launch_and_the_checks_without_torch_import_no_torch(
     demo_data: Path, tmp_path: Path
 ) -> None:
     """`ups launch` supervises torchrun, whose agent and workers import torch; its own process
-    does not, nor does `ups-preflight` running only checks that do not need torch. Each import
-    costs about 1.5 s of CPU, on every launch and deploy."""
+    (planning included) does not, nor does `ups-preflight` running every check marked
+    ``uses_torch=False``. Each import of torch costs about 1.5 s of CPU."""
     free = free_port()
     link_data(tmp_path, demo_data)
     config = demo_config(tmp_path / "c.yaml")
+    light = ",".join(spec.name for spec in CHECKS if not spec.uses_torch)
+    assert {"ports", "ulimits", "memory"} <= set(light.split(","))
     code = (
         "import ups.launch.execute, ups.launch.finalize, ups.launch.torchrun\n"
         "from ups.cli import launch\n"
         f"assert launch.main([{str(config)!r}, '--dry-run']) == 0\n"  # plans: counts GPUs
         "from ups.preflight.cli import main\n"
-        f"assert main(['--only', 'ports,ulimits,memory', '--master-port', '{free}', "
-        f"'--json']) == 0\n"
+        f"assert main(['--only', {light!r}, '--master-port', '{free}', '--json']) == 0\n"
     )
     assert _torch_free(code, cwd=tmp_path) == {"torch": False}
 

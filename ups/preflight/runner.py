@@ -156,6 +156,8 @@ def run_preflight(options: PreflightOptions | None = None) -> Report:
     if config_result is not None:
         results.append(config_result)
         _log(config_result)
+    if any(spec.uses_torch for spec in specs):
+        import torch  # noqa: F401  (before any deadline starts; see CheckSpec.uses_torch)
     for spec in specs:
         timeout = ctx.timeout(spec.name, spec.timeout_s)
         result = run_with_deadline(spec.name, functools.partial(spec.run, ctx), timeout)
