@@ -104,7 +104,7 @@ def test_a_nonfinite_eval_metric_is_a_failure_not_a_finish() -> None:
 def test_a_pause_holds_the_step_until_the_run_is_asked_to_stop() -> None:
     """A ``pause`` fault returns from its step only once the stop flag is set (what SIGTERM
     does), asleep meanwhile; other steps and the other rank's faults are untouched; on the
-    data loader it is refused before training."""
+    data loader it is a config error."""
     flag = threading.Event()
     (mine,) = parse_faults("pause@0:2")
     injector = FaultInjector([mine], 0, under_torchrun=False, stopping=flag.is_set)
@@ -115,5 +115,5 @@ def test_a_pause_holds_the_step_until_the_run_is_asked_to_stop() -> None:
     assert time.monotonic() - started >= 0.45  # held until the flag was set
     assert time.process_time() - cpu < 0.2  # asleep, not spinning
     assert fault_problems([mine]) == []
-    (loader,) = parse_faults("pause@1:2:loader")
-    assert "pause" in fault_problems([loader])[0]
+    with pytest.raises(ValueError, match="kind pause holds the training process"):
+        parse_faults("pause@1:2:loader")

@@ -310,6 +310,15 @@ class FaultConfig(_Strict):
     """The global step (0-based) in which the fault fires."""
     point: FaultPoint = "start"
 
+    @model_validator(mode="after")
+    def _pause_in_the_step(self) -> FaultConfig:
+        if self.kind == "pause" and self.point == "loader":
+            raise ValueError(
+                "kind pause holds the training process until it is asked to stop; give it a "
+                "point inside the step (start, the default), not loader"
+            )
+        return self
+
 
 class Config(_Strict):
     run: RunConfig = RunConfig()

@@ -56,11 +56,6 @@ def fault_problems(faults: Sequence[FaultConfig]) -> list[str]:
             "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
             "memory); use kind oom on this host"
         ]
-    if any(f.kind == "pause" and f.point == "loader" for f in faults):
-        return [
-            "faults: kind pause holds the training process until it is asked to stop; "
-            "give it a point inside the step (start, the default), not loader"
-        ]
     return []
 
 
