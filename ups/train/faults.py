@@ -17,9 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import get_args
 
 import torch
+from pydantic import ValidationError
 
 from ups.config import FaultConfig
-from ups.config.schema import FaultPoint
+from ups.config.schema import FaultKind, FaultPoint
 from ups.log import get_logger
 
 ENV_VAR = "UPS_FAULTS"
@@ -40,11 +41,13 @@ def parse_faults(text: str) -> list[FaultConfig]:
                 fields["point"] = point[0] if len(point) == 1 else ":".join(point)
             faults.append(FaultConfig.model_validate(fields))
         except ValueError as exc:
+            why = str(exc)
+            if isinstance(exc, ValidationError):  # its own words, without pydantic's frame
+                why = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
             raise ValueError(
                 f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
-                "one of oom, alloc, exception, segfault, hang, sigterm, sigkill, slow_save, nan, "
-                "pause "
-                f"and point one of {', '.join(get_args(FaultPoint))} ({exc})"
+                f"one of {', '.join(get_args(FaultKind))} and point one of "
+                f"{', '.join(get_args(FaultPoint))} ({why})"
             ) from None
     return faults
 
