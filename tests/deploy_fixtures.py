@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,27 +194,41 @@ def demo_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
-    """``<run's temp dir>/demo-data/demo``, written once per run: the xdist workers share
-    the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to take
-    the lock synthesizes (30-45 s on a loaded 2-core machine), the others wait and reuse it.
-    Read-only for the tests: the files are the same for every test (the synth is seeded)."""
+    """``<run's temp dir>/demo-data/demo``, written once per run (:func:`made_once_per_run`;
+    30-45 s on a loaded 2-core machine). Read-only for the tests: the files are the same for
+    every test (the synth is seeded)."""
+
+    def synth(root: Path) -> None:
+        subprocess.run(
+            [str(VENV_BIN / "ups"), "data", "synth", "--out", str(root / "demo")],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+
+    return made_once_per_run(factory, "demo-data", synth) / "demo"
+
+
+def made_once_per_run(
+    factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
+) -> Path:
+    """``<run's temp dir>/NAME``, made by ``make(path)`` once per test run. The xdist workers
+    share the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to
+    take the lock makes it, the others wait and reuse it; a directory left half-made by a
+    killed worker is made again."""
     from filelock import FileLock
 
     base = factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
-    root = base / "demo-data"
-    with FileLock(str(base / "demo-data.lock"), timeout=600):
+    root = base / name
+    with FileLock(str(base / f"{name}.lock"), timeout=900):
         if not (root / ".complete").exists():
-            shutil.rmtree(root, ignore_errors=True)  # a worker killed while writing it
-            subprocess.run(
-                [str(VENV_BIN / "ups"), "data", "synth", "--out", str(root / "demo")],
-                check=True,
-                capture_output=True,
-                timeout=300,
-            )
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            make(root)
             (root / ".complete").touch()
-    return root / "demo"
+    return root
 
 
 def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:

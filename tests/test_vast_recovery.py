@@ -11,6 +11,7 @@ that step has been synced into the local run directory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import time
@@ -18,9 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import worker_env
-from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, made_once_per_run
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 from tests.launch_helpers import launch_cmd
 from ups.deploy.vast.monitor import RECOVERY_EVENT, LocalLog
@@ -40,17 +42,24 @@ def _hosts(fake: FakeVast, tmp_path: Path, data: Path, **entry: object) -> Path:
     )  # fmt: skip
 
 
-def _uninterrupted_run(tmp_path: Path, config: Path, demo_data: Path) -> Path:
-    """The same run uninterrupted, with `ups launch` here: its run directory."""
-    ref = tmp_path / "ref"
-    (ref / "data").mkdir(parents=True)
-    (ref / "data" / "demo").symlink_to(demo_data)
-    done = subprocess.run(
-        launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref, env=worker_env(),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:]
-    return ref / "runs" / "ref"
+def _uninterrupted_run(factory: pytest.TempPathFactory, config: Path, demo_data: Path) -> Path:
+    """The same run uninterrupted, with `ups launch` here: its run directory. Made once per
+    test run for each config and shared by every test that compares with it (the master
+    port aside, which does not change what is computed)."""
+    cfg = yaml.safe_load(config.read_text())
+    del cfg["distributed"]["master_port"]
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+    def launch(ref: Path) -> None:
+        (ref / "data").mkdir()
+        (ref / "data" / "demo").symlink_to(demo_data)
+        done = subprocess.run(
+            launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref,
+            env=worker_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:]
+
+    return made_once_per_run(factory, f"uninterrupted-{key}", launch) / "runs" / "ref"
 
 
 def _deploy(
@@ -97,7 +106,7 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 @pytest.mark.ssh
 def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
-    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Outbid after checkpoint 10 was synced home: a second instance is rented from the next
     offer, gets that checkpoint and the log, and finishes the same run id; its final weights
@@ -119,7 +128,7 @@ def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     second = next(i for i in fake_vast.destroyed.values() if i.id != first.id)
     assert second.offer["id"] != first.offer["id"]  # the outbid machine is taken
-    ref_run = _uninterrupted_run(tmp_path, config, demo_data)
+    ref_run = _uninterrupted_run(tmp_path_factory, config, demo_data)
     mine, theirs = _final_model(run_dir), _final_model(ref_run)
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
     log = run_dir / "logs" / "launch.log"

@@ -171,7 +171,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
 
 
 def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
-    fake_vast: FakeVast, demo_data: Path, tmp_path: Path
+    fake_vast: FakeVast, demo_data: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Detached; its supervisor SIGKILLed after checkpoint 10 came home; the instance is
     outbid while nothing supervises the run; the same deploy run again ends the outbid
@@ -205,7 +205,7 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     state = json.loads((run_dir / "supervision.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
     assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
-    _same_weights_as_uninterrupted(run_dir, tmp_path, config, demo_data)
+    _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
     assert marked["resume_step"] == 10
     print(
@@ -216,7 +216,11 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
 
 
 def test_outbid_while_unsupervised_recovers_from_the_bucket(
-    fake_vast: FakeVast, demo_data: Path, s3_server: S3Server, tmp_path: Path
+    fake_vast: FakeVast,
+    demo_data: Path,
+    s3_server: S3Server,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """The run names a bucket. Detached; its supervisor SIGKILLed once the instance has
     committed checkpoint 10 in the bucket; the instance is outbid while nothing supervises.
@@ -253,14 +257,14 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
     assert marked["resume_step"] == 10
-    _same_weights_as_uninterrupted(run_dir, tmp_path, config, demo_data)
+    _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     print(f"\nMEASURE supervisor restart -> recovered from the bucket: {_seconds(resumed):.1f} s")
 
 
 def _same_weights_as_uninterrupted(
-    run_dir: Path, tmp_path: Path, config: Path, demo_data: Path
+    run_dir: Path, factory: pytest.TempPathFactory, config: Path, demo_data: Path
 ) -> None:
     mine = _final_model(run_dir)
-    theirs = _final_model(_uninterrupted_run(tmp_path, config, demo_data))
+    theirs = _final_model(_uninterrupted_run(factory, config, demo_data))
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
