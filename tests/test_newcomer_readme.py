@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.deploy_fixtures import demo_data
+from tests.deploy_fixtures import demo_data, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -57,7 +59,14 @@ def _workspace(tmp_path: Path, data: Path) -> Path:
     work = tmp_path / "clone"
     work.mkdir()
     (work / ".venv").symlink_to(VENV_BIN.parent)
-    (work / "configs").symlink_to(REPO / "configs")
+    # configs/ copied, demo.yaml with a free master port: the other tests on this machine
+    # launch runs on the default 29500 meanwhile (a user's machine does not), and the
+    # README's preflight fails on a taken master port.
+    shutil.copytree(REPO / "configs", work / "configs")
+    demo = work / "configs" / "demo.yaml"
+    cfg = yaml.safe_load(demo.read_text())
+    cfg["distributed"]["master_port"] = free_port()
+    demo.write_text(yaml.safe_dump(cfg))
     (work / "data").mkdir()
     (work / "data" / "demo").symlink_to(data)
     return work
