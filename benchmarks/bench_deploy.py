@@ -27,9 +27,9 @@ from ups import jsonio
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.deploy_fixtures import start_sshd, stop_sshd
-from ups.deploy.connect import connect
 from ups.deploy.hosts import get_host
-from ups.deploy.stream import LogFollower
+from ups.deploy.transport.connect import connect
+from ups.deploy.transport.stream import LogFollower
 from ups.log import render_line, setup_logging
 
 

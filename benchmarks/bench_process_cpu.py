@@ -9,7 +9,7 @@ the launched processes import that checkout's ``ups``), alternating between them
 - ``worker``: ``import ups.train.main`` (what each rank imports);
 - ``launch``: the modules ``ups launch``'s own process imports;
 - ``preflight``: ``import ups.preflight.cli``;
-- ``code check``: deploy's remote version check (``ups.deploy.remote.code_info_command``;
+- ``code check``: deploy's remote version check (``ups.deploy.transport.remote.code_info_command``;
   the old checkouts' probe if that is what the checkout has);
 - ``run``: a whole ``ups launch`` of the demo config, 20 steps, 2 ranks, no preflight
   (CPU of the launch process and every process under it).
@@ -55,7 +55,7 @@ def _code_check(tree: Path, env: dict[str, str], work: Path) -> list[str]:
     """The checkout's own remote version check, run here with this venv's ups. (From
     ``work``: ``python -c`` puts its working directory ahead of ``PYTHONPATH``.)"""
     build = (
-        "from ups.deploy.remote import code_info_command; "
+        "from ups.deploy.transport.remote import code_info_command; "
         f"print(code_info_command({str(Path(PY).with_name('ups'))!r}))"
     )
     command = subprocess.run(

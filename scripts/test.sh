@@ -48,6 +48,8 @@ echo "== lint coverage (nothing skipped by ruff or mypy)"
 $BIN/python scripts/lint_coverage.py
 echo "== mypy"
 $BIN/mypy
+echo "== import contract (pyproject.toml [tool.importlinter]: imports only go downward)"
+$BIN/lint-imports --no-cache
 echo "== the ups:cpu image (built in the background since the linters started)"
 if ! wait "$build_pid"; then
     tail -n 40 "$build_log" >&2

@@ -12,7 +12,7 @@ import pytest
 import structlog
 
 from ups.console import ConsoleView, render_line, short
-from ups.deploy.progress import Progress
+from ups.deploy.transport.progress import Progress
 from ups.log import get_logger, setup_logging
 from ups.preflight.result import CheckResult, Report, Status
 

@@ -3,7 +3,7 @@
 Each test plans a deploy twice from the same request: once with ``dry_run`` (what a person
 reads), once for real against a real host (sshd; sshd in front of a private Docker engine;
 the FAKE Vast API with real instances). The real run's commands are read where deploy runs
-every remote command (``ups.deploy.session.run`` logs each as a ``remote_command`` event);
+every remote command (``ups.deploy.transport.session.run`` logs each as a ``remote_command`` event);
 every command the dry run printed must have run, verbatim and in the printed order.
 """
 

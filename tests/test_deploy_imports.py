@@ -100,6 +100,6 @@ def test_pins_are_read_through_ups_pins_everywhere(
     assert pinned_versions(env={"UPS_PINS": str(pins)}) == {"torch": "9.9.9"}
     assert pinned_versions(env={"UPS_PINS": str(tmp_path / "missing.toml")}) == {}
     monkeypatch.setenv("UPS_PINS", str(pins))
-    from ups.deploy import operate
+    from ups.deploy.onhost import operate
 
     assert operate._pinned_torch() == "9.9.9"

@@ -16,7 +16,8 @@ import yaml
 from tests.deploy_fixtures import demo_config, free_port
 from ups.deploy import kinds, tasks
 from ups.deploy.errors import EXIT_USAGE, UsageError
-from ups.deploy.request import OPTIONS, DeployRequest, refuse_unsupported
+from ups.deploy.kinds import refuse_unsupported
+from ups.deploy.request import OPTIONS, DeployRequest
 
 # A value other than the default for every option.
 SET: dict[str, Any] = {

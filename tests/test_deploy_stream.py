@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tests.deploy_fixtures import SshServer, sshd
-from ups.deploy.connect import connect
 from ups.deploy.hosts import get_host
-from ups.deploy.stream import STOP_REQUESTED, LogFollower
+from ups.deploy.transport.connect import connect
+from ups.deploy.transport.stream import STOP_REQUESTED, LogFollower
 
 __all__ = ["sshd"]
 

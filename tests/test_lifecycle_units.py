@@ -17,8 +17,8 @@ import yaml
 
 import fabfile
 from tests.conftest import PYTHON, REPO
-from ups.deploy import operate as deploy_execute
 from ups.deploy import tasks as deploy_tasks
+from ups.deploy.onhost import operate as deploy_execute
 from ups.grace import DEFAULT_STOP_GRACE_S, container_grace_s, stop_wait_s
 from ups.launch.oom import MemorySnapshot, explain_sigkill, snapshot
 from ups.launch.plan import LaunchRequest, build_plan

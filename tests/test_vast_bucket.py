@@ -16,8 +16,8 @@ from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 from tests.s3_server import S3Server, s3_server
 from ups.bucket import Bucket, committed_checkpoints
 from ups.config.schema import Config
-from ups.deploy.deploy_plan import build_plan
 from ups.deploy.hosts import HostsFile, VastHost
+from ups.deploy.onhost.plan import build_plan
 
 __all__ = ["demo_data", "fake_vast", "s3_server"]  # fixtures used by name below
 

@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from ups.deploy.errors import DeployError
-from ups.deploy.vast.faults import (
+from ups.deploy.managed.ledger import Failure, Ledger, ledger_path, render
+from ups.deploy.providers.vast.faults import (
     STATUS_RULES,
     Side,
     classify_status,
     failed_checks,
     preflight_side,
 )
-from ups.deploy.vast.instance import Instance, State
-from ups.deploy.vast.ledger import Failure, Ledger, ledger_path, render
-from ups.deploy.vast.offers import Offer, without_machines
+from ups.deploy.providers.vast.instance import Instance, State
+from ups.deploy.providers.vast.offers import Offer, without_machines
 from ups.retry import API_RETRY, api_retryable
 
 

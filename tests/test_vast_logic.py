@@ -9,9 +9,9 @@ import pytest
 
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import VastHost, load_hosts
-from ups.deploy.vast.errors import NoOffer
-from ups.deploy.vast.instance import Instance, State, label_for, parse_label, state_of
-from ups.deploy.vast.offers import choose
+from ups.deploy.providers.vast.errors import NoOffer
+from ups.deploy.providers.vast.instance import Instance, State, label_for, parse_label, state_of
+from ups.deploy.providers.vast.offers import choose
 
 OFFERS = [
     {"id": 1, "dph_total": 0.9, "min_bid": 0.4, "gpu_name": "RTX 4090", "num_gpus": 2},
@@ -85,18 +85,18 @@ def test_vast_entry_validation(tmp_path: Path) -> None:
 
 def test_onstart_carries_no_secret_and_fits() -> None:
     """The onstart script starts the watchdog with no key in it and stays under Vast's 4 KB."""
-    from ups.deploy.vast.watchdog import onstart_command
+    from ups.deploy.providers.vast.watchdog import onstart_command
 
     spec = VastHost(offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
     script = onstart_command(spec, 1.8e9)
     assert len(script.encode()) < 4000
-    assert "ups.deploy.vast.watchdog" in script and "--deadline 1800000000" in script
+    assert "ups.deploy.providers.vast.watchdog" in script and "--deadline 1800000000" in script
     assert "KEY" not in script.upper().replace("NO_AUTO_TMUX", "")
 
 
 def test_watchdog_poll_comes_from_hosts_yaml() -> None:
     """``watchdog_poll_s`` reaches the watchdog's command line (2 s when unset)."""
-    from ups.deploy.vast.watchdog import onstart_command
+    from ups.deploy.providers.vast.watchdog import onstart_command
 
     spec = VastHost(name="v", offer="num_gpus=1", max_price_per_hour=1.0)
     assert "--poll 2 " in onstart_command(spec, 1.8e9)

@@ -25,7 +25,7 @@ from tests.conftest import worker_env
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, made_once_per_run
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 from tests.launch_helpers import launch_cmd
-from ups.deploy.vast.monitor import RECOVERY_EVENT, LocalLog
+from ups.deploy.managed.watch import RECOVERY_EVENT, LocalLog
 from ups.retry import retry_verdict
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 

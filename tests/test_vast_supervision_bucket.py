@@ -16,8 +16,9 @@ import pytest
 from tests.s3_server import S3Server, s3_server
 from ups.bucket import Bucket
 from ups.bucket.checkpoints import upload_checkpoint
-from ups.deploy.vast import bucket_state, supervision
-from ups.deploy.vast.lease import Lease, LeaseHeld
+from ups.deploy.managed import record as supervision
+from ups.deploy.managed import store as bucket_state
+from ups.deploy.managed.lease import Lease, LeaseHeld
 
 __all__ = ["s3_server"]  # fixture used by name below
 
@@ -96,7 +97,7 @@ def test_instances_names_the_newest_bucket_checkpoint_and_its_age(
     """`fab instances`' line for a run with a bucket: its newest committed checkpoint there
     and how long ago it was committed."""
     from tests.deploy_fixtures import REPO
-    from ups.deploy.vast.ops import describe_runs
+    from ups.deploy.managed.ops import describe_runs
 
     bucket = _bucket(s3_server)
     overrides = [f"checkpoint_sync.url={s3_server.url('runs')}",
@@ -125,7 +126,7 @@ def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(
 
     from tests.deploy_fixtures import REPO
     from ups.deploy.hosts import VastHost
-    from ups.deploy.vast.ops import saved_log
+    from ups.deploy.managed.ops import saved_log
 
     spec = VastHost(name="vast", offer="num_gpus=1", max_price_per_hour=1.0)
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from ups.deploy.errors import DeployError
-from ups.deploy.vast import lease, supervision
-from ups.deploy.vast.lease import EXIT_SUPERVISED, Lease, LeaseHeld
+from ups.deploy.managed import lease
+from ups.deploy.managed import record as supervision
+from ups.deploy.managed.lease import EXIT_SUPERVISED, Lease, LeaseHeld
 
 
 def _state(run_id: str = "r1") -> supervision.State:

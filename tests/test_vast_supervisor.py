@@ -28,9 +28,9 @@ from tests.fake_vast import FakeVast, fab_env, fake_vast
 from tests.s3_server import S3Server, s3_server
 from tests.test_vast_recovery import _events, _final_model, _hosts, _uninterrupted_run
 from ups.bucket import Bucket, committed_checkpoints
-from ups.deploy.vast import lease
-from ups.deploy.vast.lease import EXIT_SUPERVISED
-from ups.deploy.vast.monitor import RECOVERY_EVENT
+from ups.deploy.managed import lease
+from ups.deploy.managed.lease import EXIT_SUPERVISED
+from ups.deploy.managed.watch import RECOVERY_EVENT
 
 __all__ = ["demo_data", "fake_vast", "s3_server"]  # fixtures used by name below
 

@@ -12,8 +12,8 @@ from vastai import VastAI
 from tests.deploy_fixtures import VENV_BIN
 from tests.fake_vast import FakeVast, fake_vast
 from ups.deploy.hosts import VastHost
-from ups.deploy.vast.instance import Instance, State
-from ups.deploy.vast.watchdog import onstart_command
+from ups.deploy.providers.vast.instance import Instance, State
+from ups.deploy.providers.vast.watchdog import onstart_command
 
 __all__ = ["fake_vast"]  # fixture used by name below
 

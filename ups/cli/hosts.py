@@ -15,7 +15,7 @@ from ups.deploy.errors import DeployError
 
 
 def main(argv: list[str]) -> int:
-    from ups.deploy.vast.ledger import Ledger, render
+    from ups.deploy.managed.ledger import Ledger, render
 
     p = argparse.ArgumentParser(
         prog="ups hosts",

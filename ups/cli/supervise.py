@@ -19,6 +19,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs-dir", default="runs", help="local runs directory (default: runs)")
     args = p.parse_args(argv)
     from ups.deploy import tasks
-    from ups.deploy.vast.background import supervise
+    from ups.deploy.managed.ops import supervise
 
     return tasks.guarded(lambda: supervise(args.run_id, Path(args.runs_dir), sys.stdout))

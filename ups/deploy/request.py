@@ -1,8 +1,9 @@
 """One deploy, as asked on the command line: built once, checked once, passed whole.
 
 ``fab deploy`` and ``ups deploy`` build a :class:`DeployRequest` from their flags; it
-refuses contradictory flags itself, and :func:`refuse_unsupported` refuses every flag the
-chosen host kind would not honour, before any host or API is contacted (exit 2). Each
+refuses contradictory flags itself, and :func:`ups.deploy.kinds.refuse_unsupported`
+refuses every flag the chosen host kind would not honour, before any host or API is
+contacted (exit 2). Each
 kind (``ups.deploy.kinds``) declares the options it honours, so no flag is silently dropped.
 """
 
@@ -10,13 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ups.deploy.errors import UsageError
 from ups.runid import run_id_problem
-
-if TYPE_CHECKING:
-    from ups.deploy.kinds import HostKind
 
 
 @dataclass(frozen=True)
@@ -66,14 +63,3 @@ def given(request: DeployRequest) -> list[str]:
         for f in fields(DeployRequest)
         if f.name in OPTIONS and getattr(request, f.name) != getattr(_DEFAULTS, f.name)
     ]
-
-
-def refuse_unsupported(request: DeployRequest, kind: HostKind, where: str) -> None:
-    """Raise a UsageError (exit 2) naming the first option ``kind`` would not honour."""
-    for name in given(request):
-        if name in kind.supported:
-            continue
-        instead = kind.instead.get(name) or "deploy without it."
-        raise UsageError(
-            f"{OPTIONS[name]} is not supported by a {kind.name} host ({where}): {instead}"
-        )

@@ -1,7 +1,7 @@
 """The operations behind the fabfile's tasks, by host name; each returns an exit code.
 
 ``--host`` takes one name from hosts.yaml, ``a,b`` or a group: with several hosts,
-deploy runs one job across them (:mod:`ups.deploy.group`) and the follow-up tasks act
+deploy runs one job across them (:mod:`ups.deploy.onhost.group`) and the follow-up tasks act
 on every host of the job.
 """
 
@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import group, kinds, operate
-from ups.deploy import remote as rc
-from ups.deploy.deploy_plan import check_run_flag
+from ups.deploy import kinds
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, HostGone, UsageError
-from ups.deploy.fetch import fetch as fetch_one
 from ups.deploy.hosts import HostSpec, get_hosts
-from ups.deploy.remote import RemoteRun
-from ups.deploy.request import DeployRequest, refuse_unsupported
-from ups.deploy.session import Target, remote_preflight
+from ups.deploy.kinds import refuse_unsupported
+from ups.deploy.onhost import group, operate
+from ups.deploy.onhost.fetch import fetch as fetch_one
+from ups.deploy.onhost.plan import check_run_flag
+from ups.deploy.request import DeployRequest
+from ups.deploy.transport import remote as rc
+from ups.deploy.transport.remote import RemoteRun
+from ups.deploy.transport.session import Target, remote_preflight
 from ups.grace import STOP_WAIT_S
 from ups.log import route_library_logs, setup_logging
 from ups.statedir import state_dir
@@ -218,7 +220,7 @@ def fetch(
 def instances(
     host: str, *, hosts_file: str | None = None, ledger: bool = False, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.vast import kind
+    from ups.deploy.kinds import vast as kind
 
     return kind.instances(host, hosts_file, out, ledger)
 
@@ -226,6 +228,6 @@ def instances(
 def down(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.vast import kind
+    from ups.deploy.kinds import vast as kind
 
     return kind.down(host, run, hosts_file, out)

@@ -21,15 +21,15 @@ from typing import Protocol, TextIO
 
 from ups.deploy.errors import UsageError
 from ups.deploy.hosts import AddressedHost, HostSpec
-from ups.deploy.remote import RemoteRun
-from ups.deploy.request import DeployRequest
+from ups.deploy.request import OPTIONS, DeployRequest, given
+from ups.deploy.transport.remote import RemoteRun
 
 GROUP = "group"
 
 _MODULES = {
     "container": "ups.deploy.kinds.container",
     "docker": "ups.deploy.kinds.docker",
-    "vast": "ups.deploy.vast.kind",
+    "vast": "ups.deploy.kinds.vast",
     GROUP: "ups.deploy.kinds.group",
 }
 NAMES = tuple(_MODULES)
@@ -51,7 +51,7 @@ class HostKind(Protocol):
     """What deploy and its follow-up tasks need from a kind of host.
 
     Logs, status and fetch read the same remote layout on every kind
-    (:mod:`ups.deploy.remote`), so a kind takes part in them through :meth:`attach`;
+    (:mod:`ups.deploy.transport.remote`), so a kind takes part in them through :meth:`attach`;
     stop and preflight differ per kind and are methods.
     """
 
@@ -113,3 +113,14 @@ def for_hosts(specs: Sequence[HostSpec], host: str) -> HostKind:
             "is not. Deploy to such a host on its own."
         )
     return get(GROUP)
+
+
+def refuse_unsupported(request: DeployRequest, kind: HostKind, where: str) -> None:
+    """Raise a UsageError (exit 2) naming the first option ``kind`` would not honour."""
+    for name in given(request):
+        if name in kind.supported:
+            continue
+        instead = kind.instead.get(name) or "deploy without it."
+        raise UsageError(
+            f"{OPTIONS[name]} is not supported by a {kind.name} host ({where}): {instead}"
+        )

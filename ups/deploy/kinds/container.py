@@ -9,12 +9,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-from ups.deploy import operate
-from ups.deploy import remote as rc
-from ups.deploy.deploy_plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.hosts import AddressedHost, ContainerHost, HostSpec
+from ups.deploy.onhost import operate
+from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.request import OPTIONS, DeployRequest
-from ups.deploy.session import Target
+from ups.deploy.transport import remote as rc
+from ups.deploy.transport.session import Target
 
 
 @dataclass

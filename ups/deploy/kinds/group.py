@@ -1,7 +1,7 @@
 """One job on several ``container`` hosts: one torchrun node agent per host.
 
 A composition of the container kind: each node is planned and attached as a container
-host; :mod:`ups.deploy.group` adds the shared run id, the rendezvous and the start order.
+host; :mod:`ups.deploy.onhost.group` adds the shared run id, the rendezvous and the start order.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-from ups.deploy import group
-from ups.deploy import remote as rc
-from ups.deploy.deploy_plan import DeployPlan, load_run_config
 from ups.deploy.hosts import AddressedHost, HostSpec
 from ups.deploy.kinds.container import KIND as CONTAINER
 from ups.deploy.kinds.container import own
+from ups.deploy.onhost import group
+from ups.deploy.onhost.plan import DeployPlan, load_run_config
 from ups.deploy.request import DeployRequest
-from ups.deploy.session import Target
+from ups.deploy.transport import remote as rc
+from ups.deploy.transport.session import Target
 
 
 @dataclass

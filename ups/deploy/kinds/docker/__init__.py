@@ -14,13 +14,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
-from ups.deploy.deploy_plan import DeployPlan, load_run_config
 from ups.deploy.hosts import AddressedHost, DockerHost, HostSpec
 from ups.deploy.kinds.docker import commands
 from ups.deploy.kinds.docker.compose import DockerDeploy, build_docker_plan
-from ups.deploy.remote import RemoteRun
+from ups.deploy.onhost.plan import DeployPlan, load_run_config
 from ups.deploy.request import DeployRequest
-from ups.deploy.session import Target
+from ups.deploy.transport.remote import RemoteRun
+from ups.deploy.transport.session import Target
 
 
 def own(spec: HostSpec) -> DockerHost:

@@ -1,7 +1,7 @@
 """The shell commands of the docker kind: compose, the exit watcher, stop, preflight.
 
-Built like every remote command (:mod:`ups.deploy.remote`): pure functions over
-:class:`RemoteRun`, every value quoted; :mod:`ups.deploy.session` runs them.
+Built like every remote command (:mod:`ups.deploy.transport.remote`): pure functions over
+:class:`RemoteRun`, every value quoted; :mod:`ups.deploy.transport.session` runs them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import posixpath
 import re
 from collections.abc import Sequence
 
-from ups.deploy.remote import RemoteRun, argv, mkdir_command, q, secrets_line
+from ups.deploy.transport.remote import RemoteRun, argv, mkdir_command, q, secrets_line
 
 WANDB_KEY_FILE = "wandb_api_key"
 """The W&B key as a 0600 file in the run's state directory (a compose secret)."""

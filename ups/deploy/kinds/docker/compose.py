@@ -16,15 +16,15 @@ from pathlib import Path
 from fabric import Connection
 
 from ups.config import Config
-from ups.deploy.deploy_plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
 from ups.deploy.errors import DeployError, PreflightFailed
-from ups.deploy.follow import follow
 from ups.deploy.hosts import DockerHost
 from ups.deploy.kinds.docker import commands
-from ups.deploy.progress import Progress, human_bytes
-from ups.deploy.remote import RemoteRun, start_command
-from ups.deploy.runs import settle
-from ups.deploy.session import Target, run, show_report, write_private, write_text
+from ups.deploy.onhost.follow import follow
+from ups.deploy.onhost.plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
+from ups.deploy.onhost.runs import settle
+from ups.deploy.transport.progress import Progress, human_bytes
+from ups.deploy.transport.remote import RemoteRun, start_command
+from ups.deploy.transport.session import Target, run, show_report, write_private, write_text
 from ups.runid import new_run_id
 
 

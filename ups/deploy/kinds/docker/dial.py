@@ -2,7 +2,7 @@
 
 The SDK's own ``ssh://`` support opens a second, unverified SSH connection. Instead each
 HTTP connection here is an exec channel running ``docker system dial-stdio`` (what the
-docker CLI does for ``ssh://`` hosts) on the transport ``ups.deploy.connect`` opened.
+docker CLI does for ``ssh://`` hosts) on the transport ``ups.deploy.transport.connect`` opened.
 """
 
 from __future__ import annotations

@@ -1,0 +1,478 @@
+"""Keep one run going across Vast instances: notice a lost instance, rent another, resume.
+
+While a run is followed, a :class:`~ups.deploy.managed.watch.Monitor` asks the API about
+the instance every ``monitor_s`` and new checkpoints are copied home
+(:mod:`ups.deploy.managed.checkpoints`). The instance is lost when the API shows it outbid or
+stopped, no longer lists it, or SSH stays unreachable for ``ssh_lost_s``. :class:`Keeper`
+then ends it (stop or destroy, so it can never train the run beside its successor),
+rents the next matching offer under the same cap, runs setup and preflight there,
+uploads the newest good checkpoint with the local log, and resumes the same run id. A
+run that ends by itself is relaunched only when ``ups/retry.py`` calls its cause
+retryable. ``max_recoveries`` and ``max_hours`` (one deadline across all instances)
+bound everything; past them the deploy exits 8.
+
+What ``fab deploy --host vast`` runs around it (every instance ended on every path) is
+:func:`ups.deploy.managed.run.run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import time
+
+import psutil
+
+from ups.bucket import Bucket
+from ups.deploy.errors import DeployError, PreflightFailed, UsageError
+from ups.deploy.hosts import VastHost
+from ups.deploy.managed.acquire import rent
+from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
+from ups.deploy.managed.lifecycle import Lifecycle
+from ups.deploy.managed.reconcile import reconcile
+from ups.deploy.managed.record import Supervision
+from ups.deploy.managed.rental_plan import container_spec
+from ups.deploy.managed.store import fetch_newer
+from ups.deploy.managed.watch import (
+    RECOVERY_EVENT,
+    InstanceLost,
+    Leg,
+    LocalLog,
+    Monitor,
+    Pending,
+    _event,
+)
+from ups.deploy.onhost import operate
+from ups.deploy.onhost.follow import follow
+from ups.deploy.onhost.plan import DeployPlan
+from ups.deploy.onhost.runs import existing, read_result
+from ups.deploy.providers.vast.errors import InstanceFailed, RecoveriesExhausted
+from ups.deploy.providers.vast.faults import HostFault, Side, failed_checks, preflight_side
+from ups.deploy.providers.vast.instance import Instance, State
+from ups.deploy.providers.vast.watchdog import onstart_command
+from ups.deploy.transport import remote as rc
+from ups.deploy.transport.session import Target
+from ups.deploy.transport.session import run as run_remote
+from ups.retry import retry_verdict
+
+__all__ = ["RECOVERY_EVENT", "Keeper", "host_or_user"]
+_LOST_ERRORS = (DeployError, OSError, EOFError)
+
+
+class Keeper:
+    """Runs the plan on one instance after another until the run ends or the bounds do."""
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        env: dict[str, str],
+        watchdog_key: str | None,
+        sup: Supervision,
+        bucket: Bucket | None = None,
+    ):
+        self.lc = lifecycle
+        self.sup = sup
+        self.bucket = bucket
+        self.env = env
+        self.watchdog_key = watchdog_key
+        plan = lifecycle.plan
+        self.run_id = plan.run_id
+        self.run_dir = plan.local_runs / plan.run_id
+        self.log = LocalLog(self.run_dir / "logs" / "launch.log")
+        self.legs: list[Leg] = []
+        self.recoveries = sup.state.recoveries
+        self.lost_offers: set[int] = set()
+        self.downtime_s = 0.0
+        self.steps_lost = sup.state.steps_lost
+        self.started = process_started()
+        self.synced: list[Synced] = []
+        self.pending: Pending | None = None
+
+    @property
+    def spec(self) -> VastHost:
+        return self.lc.plan.spec
+
+    def say(self, text: str) -> None:
+        self.lc.say(text)
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> int:
+        leg = self.pick_up()
+        while True:
+            try:
+                if leg is not None:
+                    return self.on_instance(leg)
+                return rent(self.lc, self.on_rented)
+            except InstanceLost as lost:
+                self.recover(self.legs[-1], lost.reason)
+                leg = None
+
+    def pick_up(self) -> Leg | None:
+        """The first step of every supervisor: the instance to follow (``Leg.attach``), or
+        None: rent one (a recovery is set up when the run lost its instance unwatched)."""
+        lc, sup = self.lc, self.sup
+        state = sup.state
+        if state.ended:
+            raise UsageError(
+                f"run {state.run_id} already ended ({state.ended}; {sup.path}). Start a new "
+                "run with another --run ID (or without --run)."
+            )
+        listed = [Instance.from_api(r) for r in lc.api.list() if r.get("label") == lc.plan.label]
+        verdict = reconcile(state, listed)
+        if verdict.continue_local:
+            self.continue_local()
+            return None
+        # One deadline across every supervisor: max_hours counts from the run's first deploy.
+        deadline = state.created + self.spec.max_hours * 3600.0
+        lc.plan = dataclasses.replace(
+            lc.plan, deadline_epoch=deadline, onstart=onstart_command(self.spec, deadline)
+        )
+        for instance_id, why in verdict.end:
+            self.say(f"instance {instance_id} of run {state.run_id}: {why}")
+            self.end_lost(instance_id, why)
+        for instance_id, why in verdict.gone:
+            self.say(f"instance {instance_id} of run {state.run_id}: {why}")
+            sup.instance_ended(instance_id, f"lost: {why}")
+        keep = verdict.follow
+        if keep is not None:
+            lc.created.append(keep.id)  # ended per on_exit when this supervisor ends
+            found = [r for r in state.instances if r.instance_id == keep.id]
+            # Not in the record: rented by a supervisor killed before it could save.
+            rec = found[0] if found else sup.rented(keep.id, -1, keep.machine_id, keep.dph_total)
+            leg = Leg(keep.id, rec.price, attach=True)
+            leg.started -= max(0.0, time.time() - rec.started)
+            self.legs.append(leg)
+            self.say(f"picking up run {state.run_id}: instance {keep.id} is running")
+            return leg
+        reason = verdict.recovery or ""
+        self.lost_offers |= {r.offer_id for r in state.instances}
+        self.count(reason)
+        self.pending = self.resume_point(reason, None, time.monotonic())
+        sup.recovered(self.recoveries, self.steps_lost)
+        lc.plan = lc.plan.with_next_offer(lc.api, self.lost_offers)
+        self.say(
+            f"recovery {self.recoveries}/{self.spec.max_recoveries}: picking up run "
+            f"{state.run_id} ({reason}) from step {self.pending.resume_step} on "
+            f"{lc.plan.offer.describe()} at ${lc.plan.price:.3f}/h"
+        )
+        return None
+
+    def leg(self, instance_id: int) -> Leg:
+        """Count a new instance of this run (the summary's cost and recoveries) and record
+        it in the supervision state before anything else can fail."""
+        leg = Leg(instance_id, self.lc.plan.price)
+        self.legs.append(leg)
+        offer = self.lc.plan.offer
+        self.sup.rented(instance_id, offer.id, offer.machine_id, leg.price)
+        return leg
+
+    def on_rented(self, instance_id: int) -> int:
+        """Train on a freshly rented instance; a bad host is ended in the state too (the
+        rental destroys it and takes the next offer)."""
+        try:
+            return self.on_instance(self.leg(instance_id))
+        except HostFault as fault:
+            self.sup.instance_ended(instance_id, f"bad host: {fault.reason}")
+            raise
+
+    def since_start(self) -> str:
+        return f"{time.time() - self.started:.1f} s after this supervisor started"
+
+    def on_instance(self, leg: Leg) -> int:
+        """Boot, resume and follow on one instance; a loss raises :class:`InstanceLost`."""
+        monitor = Monitor(self.lc.api, leg.instance_id, self.spec.monitor_s)
+        try:
+            target = self.attach(leg) if leg.attach else self.boot(leg)
+            monitor.start()
+            return self.train(target, monitor, attach=leg.attach)
+        except InstanceFailed as err:
+            # Never running, image pull failed, SSH never answering: deterministic, not a
+            # loss. Outbid or gone while booting is one.
+            if monitor.check() is None or monitor.state is State.FAILED:
+                raise
+            raise InstanceLost(leg.instance_id, monitor.lost or "lost") from err
+        except _LOST_ERRORS as err:
+            reason = monitor.check()
+            if reason is None:
+                raise
+            raise InstanceLost(leg.instance_id, reason) from err
+        finally:
+            monitor.stop()
+
+    def boot(self, leg: Leg) -> Target:
+        deadline = time.monotonic() + self.spec.boot_timeout_s
+        inst = self.lc.wait_running(leg.instance_id, deadline)
+        self.sup.machine(leg.instance_id, inst.machine_id)
+        self._mark("running")
+        target = self.lc.wait_ssh(inst, deadline)
+        self.lc.prepare(target, self.watchdog_key)
+        self.upload(target)
+        return target
+
+    def attach(self, leg: Leg) -> Target:
+        """The instance a previous supervisor rented, as it is (its host key was recorded
+        when that supervisor first reached it)."""
+        inst = self.lc.wait_running(leg.instance_id, time.monotonic() + self.spec.boot_timeout_s)
+        assert inst.ssh_host and inst.ssh_port  # wait_running returns only with an address
+        spec = container_spec(self.spec, inst.ssh_host, inst.ssh_port)
+        return Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+
+    def plan_on(self, target: Target) -> DeployPlan:
+        return self.lc.plan.replan(target.spec, self.run_id)
+
+    def train(self, target: Target, monitor: Monitor, attach: bool = False) -> int:
+        """Launch and follow; relaunch here while the run ends with a retryable cause.
+
+        ``attach``: the instance was rented by an earlier supervisor; a run already there
+        (alive or ended) is followed from where the local log stops, never launched again.
+        """
+        spec = self.spec  # the vast entry: the instance's container host has no rental knobs
+        while True:
+            conn = target.connect()
+            try:
+                found = existing(target, conn, self.run_id) if attach else None
+                if found is None:
+                    plan, _ = operate.prepare(
+                        target,
+                        conn,
+                        self.plan_on(target),
+                        env=self.env,
+                        replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
+                    )
+                    operate.launch(target, conn, plan)
+                else:
+                    plan = self.plan_on(target)
+            except PreflightFailed as err:
+                raise host_or_user(err) from None
+            finally:
+                conn.close()
+            if found is None:
+                self._mark("started")
+            else:
+                self.say(
+                    f"following run {self.run_id} on instance {monitor.instance_id} "
+                    f"({'alive' if found.alive else 'ended'}), {self.since_start()}"
+                )
+            attach = False
+            sync = CheckpointSync(
+                target,
+                posixpath.join(plan.remote.run_dir, "checkpoints"),
+                self.run_dir / "checkpoints",
+                self.say,
+                then=lambda got: self.sup.synced(got.step),
+            )
+            sync.start(spec.sync_every_s)
+            try:
+                code = follow(
+                    target,
+                    plan.remote,
+                    offset=self.log.size(),  # the remote log is the local one plus new lines
+                    connect=lambda: monitor.connect(target),
+                    each_line=self.on_line,
+                    give_up_after_s=spec.ssh_lost_s,
+                )
+            except DeployError as err:  # SSH silent past ssh_lost_s: useless, and billing
+                reason = monitor.check() or f"SSH unreachable for {spec.ssh_lost_s:.0f} s"
+                raise InstanceLost(monitor.instance_id, reason) from err
+            finally:
+                sync.stop()
+                sync.close()
+                self.synced += sync.synced
+            before = len(sync.synced)
+            sync.top_up()
+            self.synced += sync.synced[before:]
+            if not self.relaunch_here(target, plan, code):
+                return code
+
+    def relaunch_here(self, target: Target, plan: DeployPlan, code: int) -> bool:
+        """After the run ended by itself: fetch and stop, or mark the log and go again."""
+        conn = target.connect()
+        try:
+            _, outcome = read_result(conn, plan.remote, target.spec)
+        finally:
+            conn.close()
+        retryable, why = retry_verdict(outcome, code)
+        if code != 0 and retryable and time.time() < self.lc.plan.deadline_epoch:
+            self.count(f"the run ended: {why}")
+            line = self.log.mark(
+                recovery=self.recoveries, reason=why, instance=self.legs[-1].instance_id
+            )
+            conn = target.connect()
+            try:
+                command = f"printf '%s' {rc.q(line.decode())} >> {rc.q(plan.remote.launch_log)}"
+                run_remote(conn, command, target.spec)
+            finally:
+                conn.close()
+            self.pending = Pending(self.recoveries, why, -1, None, 0, time.monotonic())
+            self.say(
+                f"recovery {self.recoveries}: relaunching run {self.run_id} on the same "
+                f"instance ({why})"
+            )
+            return True
+        if code != 0:
+            self.say(
+                f"run {self.run_id} is not relaunched: {why}. Fix the cause, then deploy again "
+                f"with --run {self.run_id} to continue from its newest checkpoint."
+            )
+        synced = [
+            f"checkpoints/{p.name}" for p in (self.run_dir / "checkpoints").glob("step_*.pt*")
+        ]
+        self.lc.fetch(target, exclude=synced)
+        return False
+
+    def on_line(self, line: bytes) -> None:
+        self.log.write(line)
+        p = self.pending
+        if p is not None and _event(line).get("event") in ("resumed", "train_step"):
+            p.mark("first_step")
+            self.pending = None
+            if p.number:
+                self.downtime_s += p.marks["first_step"]
+            split = ", ".join(f"{k} {v:.1f} s" for k, v in p.marks.items())
+            self.say(
+                f"recovery {p.number}: run {self.run_id} resumed; since detection: {split}; "
+                f"{self.since_start()}"
+            )
+
+    def _mark(self, phase: str) -> None:
+        if self.pending is not None:
+            self.pending.mark(phase)
+
+    # -- recovery -----------------------------------------------------------------------
+    def count(self, reason: str) -> None:
+        """Count one recovery; raise :class:`RecoveriesExhausted` past the bounds."""
+        newest = newest_good(self.run_dir / "checkpoints")
+        kept = (
+            f"Its newest checkpoint (step {newest[0]}) is in {newest[1].parent}"
+            if newest
+            else f"No checkpoint of it was synced to {self.run_dir}"
+        )
+        again = (
+            f"`fab deploy --host {self.spec.name} --run {self.run_id}` continues it from "
+            "there (it uploads the newest checkpoint)."
+        )
+        if self.recoveries >= self.spec.max_recoveries:
+            raise RecoveriesExhausted(
+                f"run {self.run_id} needs another recovery ({reason}) but max_recoveries "
+                f"{self.spec.max_recoveries} is used up: not relaunching. {kept}; every "
+                f"instance was ended per on_exit. Raise max_recoveries in hosts.yaml; {again}"
+            )
+        if time.time() >= self.lc.plan.deadline_epoch:
+            raise RecoveriesExhausted(
+                f"run {self.run_id} needs another recovery ({reason}) but max_hours "
+                f"{self.spec.max_hours:g} is used up across its instances. {kept}. {again}"
+            )
+        self.recoveries += 1
+
+    def recover(self, leg: Leg, reason: str) -> None:
+        """End the lost instance, cut the log back to the checkpoint, pick the next offer."""
+        detected = time.monotonic()
+        leg.ended = detected
+        self.say(f"instance {leg.instance_id} lost: {reason} (about ${leg.cost():.4f} spent on it)")
+        self.end_lost(leg.instance_id, reason)
+        self.lost_offers.add(self.lc.plan.offer.id)
+        self.count(reason)
+        self.pending = self.resume_point(reason, leg.instance_id, detected)
+        self.pending.lost_cost = leg.cost()
+        self.sup.recovered(self.recoveries, self.steps_lost)
+        self.lc.plan = self.lc.plan.with_next_offer(self.lc.api, self.lost_offers)
+        self.say(
+            f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
+            f"from step {self.pending.resume_step} ({self.pending.steps_lost} steps to "
+            f"recompute) on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
+        )
+
+    def end_lost(self, instance_id: int, reason: str) -> None:
+        """Stop or destroy a lost instance and record that it ended."""
+        stale = "stop" if self.spec.on_exit == "keep" else self.spec.on_exit
+        try:  # never two instances training one run: a resumed bid instance must not
+            self.lc.end(instance_id, stale, f"lost: {reason}")
+        except DeployError as err:
+            self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
+        self.sup.instance_ended(instance_id, f"lost: {reason}")
+
+    def resume_point(self, reason: str, instance: int | None, detected: float) -> Pending:
+        """The newest good checkpoint here (the bucket's first, when newer); the log cut
+        back to it and marked."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+        newest = newest_good(self.run_dir / "checkpoints")
+        step, path = newest if newest else (0, None)
+        lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
+        last, _ = self.log.cut_after(step, lost)
+        self.steps_lost += last - step
+        self.log.mark(
+            recovery=self.recoveries,
+            reason=reason,
+            lost_instance=instance,
+            resume_step=step,
+            steps_lost=last - step,
+        )
+        return Pending(self.recoveries, reason, step, path, last - step, detected)
+
+    def continue_local(self) -> None:
+        """A run directory here with a checkpoint continues from it (the bucket's newest
+        first, when it is newer); else a fresh log."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+        if newest_good(self.run_dir / "checkpoints") is None:
+            self.log.reset()
+            return
+        self.pending = self.resume_point(
+            "continued from the local run directory", None, time.monotonic()
+        )
+        self.say(
+            f"continuing run {self.run_id} from its local checkpoint at step "
+            f"{self.pending.resume_step}"
+        )
+
+    def upload(self, target: Target) -> None:
+        """Put the checkpoint to resume from and the log so far on the new instance."""
+        p = self.pending
+        if p is None or p.resume_step < 0:
+            return
+        remote = self.plan_on(target).remote
+        ckpts = posixpath.join(remote.run_dir, "checkpoints")
+        conn = target.connect()
+        try:
+            run_remote(
+                conn, rc.mkdir_command(ckpts, posixpath.dirname(remote.launch_log)), target.spec
+            )
+            sftp = conn.sftp()
+            if p.checkpoint is not None:
+                for path in (p.checkpoint.with_name(p.checkpoint.name + ".sha256"), p.checkpoint):
+                    sftp.put(str(path), posixpath.join(ckpts, path.name))
+            sftp.put(str(self.log.path), remote.launch_log)
+        finally:
+            conn.close()
+        what = f"checkpoint step {p.resume_step}" if p.checkpoint else "no checkpoint (from step 0)"
+        self.say(f"uploaded {what} and the run's log ({self.log.size()} bytes)")
+        p.mark("uploaded")
+
+    def summary(self) -> str:
+        now = time.monotonic()
+        for leg in self.legs:
+            leg.ended = leg.ended or now
+        cost = sum(leg.cost() for leg in self.legs)
+        sent = sum(s.sent for s in self.synced)
+        return (
+            f"vast summary: run {self.run_id}: {len(self.legs)} instance(s) used, "
+            f"{self.recoveries} recovery(ies), about ${cost:.4f} in all; time lost to "
+            f"recoveries {self.downtime_s:.1f} s and {self.steps_lost} steps recomputed; "
+            f"{len(self.synced)} checkpoint(s) synced ({sent} bytes)"
+        )
+
+
+def host_or_user(err: PreflightFailed) -> DeployError:
+    """A preflight failure of the machine's own checks is a host fault (next offer); one
+    of the config, data or image is the user's (it stops the deploy)."""
+    if preflight_side(err.report) is Side.HOST:
+        checks = ", ".join(failed_checks(err.report))
+        return HostFault(str(err), f"preflight failed there ({checks})")
+    return err
+
+
+def process_started() -> float:
+    """When this process started (epoch): the clock of "seconds after the supervisor
+    started", imports included."""
+    return psutil.Process().create_time()

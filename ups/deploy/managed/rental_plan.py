@@ -1,0 +1,214 @@
+"""The vast deploy plan: which offer, at what price, what is created, then the container plan.
+
+Building it searches offers (one read-only API call) and creates nothing; ``--dry-run``
+prints it. Once the instance answers SSH, the instance is a ``container`` host and
+:attr:`VastPlan.deploy` (the ordinary container plan) runs there unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+from ups.config import Config
+from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
+from ups.deploy.managed.ledger import Ledger
+from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
+from ups.deploy.providers.vast.client import VastApi
+from ups.deploy.providers.vast.errors import NoOffer
+from ups.deploy.providers.vast.instance import label_for
+from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
+from ups.deploy.providers.vast.watchdog import onstart_command
+from ups.runid import new_run_id
+
+PENDING_ADDRESS = "(instance ssh address)"
+
+
+def container_spec(
+    spec: VastHost, host: str = PENDING_ADDRESS, port: int | None = None
+) -> ContainerHost:
+    """The vast entry as the container host it becomes once the instance has an address."""
+    return spec.as_container(host, port)
+
+
+@dataclass
+class VastPlan:
+    spec: VastHost
+    offer: Offer
+    price: float
+    bid: float | None
+    label: str
+    onstart: str
+    deadline_epoch: float
+    local_runs: Path
+    """Where the run directory is fetched to (the config's output_dir, locally)."""
+    deploy: DeployPlan
+    config: Path
+    cfg: Config
+    overrides: tuple[str, ...]
+    skip_preflight: bool
+    env: dict[str, str]
+    avoided: tuple[int, ...] = ()
+    """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
+
+    def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
+        """The container plan for the instance once it has an address (``spec``)."""
+        return build_plan(
+            spec,
+            self.config,
+            cfg=self.cfg,
+            run_id=run_id or self.run_id,
+            overrides=self.overrides,
+            follow=self.deploy.follow,
+            skip_preflight=self.skip_preflight,
+            env=self.env,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.deploy.run_id
+
+    def with_next_offer(
+        self, api: VastApi, exclude: Collection[int], machines: Collection[int] = ()
+    ) -> VastPlan:
+        """The same plan on the next matching offer under the same cap (for a recovery, or
+        after a bad host).
+
+        ``exclude`` holds offers not to take again (lost instances), ``machines`` the
+        machines that failed this deploy; the host ledger's are left out as well. The
+        watchdog keeps the original deadline, so ``max_hours`` counts across every instance
+        of the run.
+        """
+        offer, avoided = search(api, self.spec, machines, exclude)
+        return dataclasses.replace(
+            self,
+            offer=offer,
+            price=offer.price(self.spec.interruptible),
+            bid=bid_price(offer, self.spec.interruptible),
+            avoided=avoided,
+        )
+
+    def create_fields(self) -> dict[str, object]:
+        """Keyword arguments of ``VastAI.create_instance``: no secret among them."""
+        fields: dict[str, object] = {
+            "image": self.spec.image,
+            "disk": self.spec.disk_gb,
+            "label": self.label,
+            "onstart_cmd": self.onstart,
+            "ssh": True,
+            "direct": True,
+        }
+        if self.bid is not None:
+            fields["bid_price"] = self.bid
+        return fields
+
+    def render(self) -> str:
+        s = self.spec
+        kind = f"interruptible, bid ${self.bid:.3f}/h" if self.bid is not None else "on demand"
+        hours = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.deadline_epoch))
+        lines = [
+            f"vast plan: run {self.run_id} on a new Vast instance ({s.name})",
+            f"  offer:    {self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
+            f"cap ${s.max_price_per_hour:.3f}/h",
+            f"  query:    {s.offer!r} ordered by {s.order}",
+            *(
+                [
+                    f"  avoiding: machine(s) {', '.join(map(str, self.avoided))} (failed here "
+                    f"within ledger_ttl_h {s.ledger_ttl_h:g} h; `ups hosts` lists why)"
+                ]
+                if self.avoided
+                else []
+            ),
+            f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label {self.label}",
+            f"  watchdog: on the instance from boot; ends it ({s.on_exit}) at {hours} "
+            f"(max_hours {s.max_hours:g})",
+            f"  then:     wait for running and SSH (up to {s.boot_timeout_s:.0f} s), record the "
+            "host key" + (f", run setup: {s.setup}" if s.setup else ""),
+            f"  at end:   fetch {self.deploy.remote.run_dir} -> {self.local_runs / self.run_id}, "
+            f"then {s.on_exit} the instance (also on any failure or Ctrl-C)",
+            "",
+            self.deploy.render(),
+        ]
+        return "\n".join(lines)
+
+
+def build_vast_plan(
+    spec: VastHost,
+    config: Path,
+    api: VastApi,
+    *,
+    run_id: str | None = None,
+    overrides: tuple[str, ...] = (),
+    follow: bool = True,
+    skip_preflight: bool = False,
+    env: dict[str, str] | None = None,
+    now: float | None = None,
+) -> VastPlan:
+    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    if spec.checkpoint_sync != "local" and not any(
+        o.startswith("checkpoint_sync.url=") for o in overrides
+    ):  # hosts.yaml names the bucket; an explicit --set still wins
+        overrides = (*overrides, f"checkpoint_sync.url={spec.checkpoint_sync}")
+    cfg = load_run_config(config, overrides)
+    env = dict(env if env is not None else {})
+    run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
+    offer, avoided = search(api, spec)
+    deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
+    deploy = build_plan(
+        container_spec(spec),
+        config,
+        cfg=cfg,
+        run_id=run_id,
+        overrides=overrides,
+        follow=follow,
+        skip_preflight=skip_preflight,
+        env=env,
+    )
+    return VastPlan(
+        spec=spec,
+        offer=offer,
+        price=offer.price(spec.interruptible),
+        bid=bid_price(offer, spec.interruptible),
+        label=label_for(spec.name, run_id),
+        onstart=onstart_command(spec, deadline),
+        deadline_epoch=deadline,
+        local_runs=cfg.run.output_dir,
+        deploy=deploy,
+        config=config,
+        cfg=cfg,
+        overrides=overrides,
+        skip_preflight=skip_preflight,
+        env=env,
+        avoided=avoided,
+    )
+
+
+def search(
+    api: VastApi,
+    spec: VastHost,
+    machines: Collection[int] = (),
+    offers: Collection[int] = (),
+) -> tuple[Offer, tuple[int, ...]]:
+    """The first offer under the cap, leaving out ``offers``, ``machines`` and the machines
+    the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
+    matched the query and were left out."""
+    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    rows = api.search_offers(spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb)
+    rows = [row for row in rows if int(row["id"]) not in offers]
+    ledger = Ledger().excluded(spec.ledger_ttl_h)
+    avoided = tuple(sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") in ledger}))
+    kept = without_machines(rows, ledger | set(machines))
+    if rows and not kept:
+        left_out = sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") is not None})
+        raise NoOffer(
+            f"every Vast offer matching {spec.offer!r} is on a machine that failed here "
+            f"(machine(s) {', '.join(map(str, left_out))}; `ups hosts` lists why); nothing more "
+            "was created. Loosen the 'offer' query in hosts.yaml, or lower ledger_ttl_h to try "
+            "those machines again."
+        )
+    rows = kept
+    offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
+    return offer, avoided

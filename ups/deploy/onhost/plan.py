@@ -1,0 +1,223 @@
+"""The deploy plan: a plain, printable description of what ``fab deploy`` will do.
+
+Built without touching the network; ``--dry-run`` prints it, tests inspect
+it, and :mod:`ups.deploy.onhost.operate` carries it out step by step. Every remote command in
+it comes from :mod:`ups.deploy.transport.remote`, and the executor runs exactly those commands.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ups import jsonio
+from ups.bucket.credentials import endpoint_from_env
+from ups.config import Config, ConfigError, load_config
+from ups.deploy.errors import UsageError
+from ups.deploy.hosts import AddressedHost
+from ups.deploy.transport import remote as rc
+from ups.runid import new_run_id, run_id_problem
+
+SECRET_NAMES = ("WANDB_API_KEY",)
+"""Local environment variables forwarded to the run (values go in a 0600 file, never argv)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    detail: str
+    command: str | None = None
+    """Remote shell command, when the step is one (shown by --dry-run, run as shown)."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """This host's place in a job that spans several hosts (one ``ups launch`` per host)."""
+
+    rank: int
+    count: int
+    rdzv_endpoint: str
+    """Node 0's ``address:port``, reachable from every node."""
+
+
+@dataclass
+class DeployPlan:
+    host: str
+    kind: str
+    address: str
+    image: str
+    run_id: str
+    config: str
+    """Local config file uploaded as the run's config."""
+    remote: rc.RemoteRun
+    launch_argv: list[str]
+    secrets: list[str] = field(default_factory=list)
+    """Names (never values) of secrets sent in a 0600 file."""
+    bucket: str | None = None
+    """``checkpoint_sync.url``: this machine's S3 credentials go to the host as a 0600 file."""
+    follow: bool = True
+    steps: list[Step] = field(default_factory=list)
+    resume_name: str | None = None
+    """Continue the host's latest unfinished run of this name instead of ``run_id``
+    (decided on the host; None with ``--run``, ``run.run_id`` or ``--fresh``)."""
+    node: Node | None = None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["remote"]["run_dir"] = self.remote.run_dir
+        return jsonio.dumps(data, indent=2)
+
+    def step(self, name: str) -> Step:
+        return next(s for s in self.steps if s.name == name)
+
+    def has_step(self, name: str) -> bool:
+        return any(s.name == name for s in self.steps)
+
+    def render(self) -> str:
+        run = f"run {self.run_id}"
+        if self.resume_name:
+            # Which run is decided on the host, after this plan is shown: say so first, so
+            # a continued run is not announced under an id it will not have.
+            run = (
+                f"the host's latest unfinished {self.resume_name!r} run (found when the host "
+                f"is contacted), else new run {self.run_id}"
+            )
+        node = f", node {self.node.rank} of {self.node.count}" if self.node else ""
+        lines = [
+            f"deploy plan: {run} on {self.host} ({self.kind}, {self.address}{node})",
+            f"  image:    {self.image}",
+            f"  config:   {self.config} -> {self.remote.state('config.yaml')}",
+            f"  run dir:  {self.remote.run_dir}",
+            f"  secrets:  {', '.join(self.secrets) or '(none)'} (0600 file, never on argv)",
+        ]
+        if self.bucket:
+            lines.append(
+                f"  bucket:   {self.bucket} (checkpoints uploaded from the host; S3 credentials "
+                "from this machine in a 0600 file, never on argv)"
+            )
+        if self.launch_argv:
+            lines.append(f"  launch:   {rc.argv(*self.launch_argv)} (in run.sh)")
+        lines.append("  steps:")
+        for i, step in enumerate(self.steps, 1):
+            lines.append(f"    {i}. {step.name}: {step.detail}")
+            if step.command:
+                lines.append(f"         $ {step.command}")
+        return "\n".join(lines)
+
+
+def address(spec: AddressedHost) -> str:
+    user = f"{spec.user}@" if spec.user else ""
+    port = f":{spec.port}" if spec.port else ""
+    jump = f" via {spec.jump}" if spec.jump else ""
+    return f"{user}{spec.host}{port}{jump}"
+
+
+def load_run_config(config: Path, overrides: Sequence[str]) -> Config:
+    """The run config with ``--set`` overrides; a mistake is a UsageError (exit 2)."""
+    try:
+        return load_config(config, overrides, check_files=False)
+    except ConfigError as err:
+        raise UsageError(
+            f"{err}\nFrom fab deploy, override a key with `--set KEY=VALUE` (repeatable, "
+            "same as `ups launch --set`), e.g. `--set training.max_steps=100`."
+        ) from None
+
+
+def check_run_flag(run_id: str | None, flag: str = "--run") -> None:
+    if run_id is not None and (problem := run_id_problem(run_id)):
+        raise UsageError(f"{flag}: {problem}.")
+
+
+def _launch_argv(
+    spec: AddressedHost,
+    remote_config: str,
+    run_id: str,
+    sets: list[str],
+    node: Node | None,
+    skip_preflight: bool,
+) -> list[str]:
+    """``ups launch`` as the run script starts it on the host."""
+    argv = [spec.ups_bin, "launch", remote_config, "--run-id", run_id, *sets]
+    if spec.gpus:
+        argv += ["--nproc-per-node", str(spec.gpus)]
+    if node is not None:
+        argv += ["--nnodes", str(node.count), "--node-rank", str(node.rank)]
+        argv += ["--rdzv-endpoint", node.rdzv_endpoint]
+    # Deploy runs preflight itself (the plan's step) before anything is started.
+    if skip_preflight:
+        return [*argv, "--skip-preflight"]
+    return [*argv, "--preflight-passed-by", "fab deploy"]
+
+
+def build_plan(
+    spec: AddressedHost,
+    config: Path,
+    *,
+    cfg: Config,
+    run_id: str | None = None,
+    overrides: Sequence[str] = (),
+    fresh: bool = False,
+    follow: bool = True,
+    skip_preflight: bool = False,
+    env: dict[str, str] | None = None,
+    node: Node | None = None,
+) -> DeployPlan:
+    """Plan a deploy of ``config`` to a ``container`` host (reads nothing remote)."""
+    check_run_flag(run_id)
+    fixed = run_id or cfg.run.run_id
+    run_id = fixed or new_run_id(cfg.run.name)
+    remote = rc.RemoteRun(
+        workdir=spec.workdir, run_id=run_id, output_dir=cfg.run.output_dir.as_posix()
+    )
+    env = dict(os.environ) if env is None else env
+    remote_config = remote.state("config.yaml")
+    sets = [w for s in overrides for w in ("--set", s)]
+    bucket = cfg.checkpoint_sync.url
+    if bucket and cfg.checkpoint_sync.endpoint_url is None and (endpoint := endpoint_from_env(env)):
+        sets += ["--set", f"checkpoint_sync.endpoint_url={endpoint}"]  # the store used here
+    launch_argv = _launch_argv(spec, remote_config, run_id, sets, node, skip_preflight)
+    rdzv_host = node is not None and node.rank == 0
+    preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
+    preflight += sets
+    steps = [
+        Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
+        Step(
+            "check-code",
+            "compare remote ups/torch versions with this checkout's",
+            rc.code_info_command(spec.ups_bin),
+        ),
+        Step("upload", "config, run script, secrets (0600)", rc.mkdir_command(remote.state_dir)),
+    ]
+    if not skip_preflight:
+        steps.append(
+            Step(
+                "preflight",
+                "run preflight remotely; stop on failure",
+                rc.in_dir(spec.workdir, rc.argv(*preflight)),
+            )
+        )
+    steps.append(Step("start", "start detached under setsid nohup", rc.start_command(remote)))
+    if follow:
+        steps.append(Step("follow", f"stream {remote.launch_log} until the launcher exits"))
+    return DeployPlan(
+        host=spec.name,
+        kind="container",
+        address=address(spec),
+        image=spec.image,
+        run_id=run_id,
+        config=str(config),
+        remote=remote,
+        launch_argv=launch_argv,
+        secrets=[name for name in SECRET_NAMES if env.get(name)],
+        bucket=bucket,
+        follow=follow,
+        steps=steps,
+        resume_name=None if (fixed or fresh or node) else cfg.run.name,
+        node=node,
+    )
+
+
+def script_for(plan: DeployPlan, remote_env: str | None) -> str:
+    return rc.run_script(plan.remote, plan.launch_argv, remote_env)
