@@ -9,6 +9,10 @@ import pytest
 
 from ups.deploy.errors import DeployError
 from ups.deploy.hosts import VastHost, load_hosts
+from ups.deploy.managed.reconcile import reconcile
+from ups.deploy.managed.record import Rented
+from ups.deploy.managed.record import State as Record
+from ups.deploy.managed.rental_plan import search
 from ups.deploy.providers.vast.errors import NoOffer
 from ups.deploy.providers.vast.instance import Instance, State, label_for, parse_label, state_of
 from ups.deploy.providers.vast.offers import choose
@@ -117,3 +121,50 @@ def test_a_rented_instance_is_a_container_host_of_the_shared_fields() -> None:
     assert (host.name, host.host, host.port, host.user) == ("v", "ssh4.vast.ai", 4242, "root")
     assert (host.gpus, host.workdir, host.key) == (2, "/w", "/k")
     assert not hasattr(host, "max_price_per_hour")
+
+
+def _record(*rented: tuple[int, float | None]) -> Record:
+    record = Record(run_id="r1", host="vast", config="/c.yaml", hosts_file=None, overrides=[])
+    for instance_id, ended in rented:
+        record.instances.append(Rented(instance_id, instance_id * 10, None, 0.5, 0.0, ended))
+    return record
+
+
+def test_reconcile_follows_the_live_instance_and_blames_only_a_failed_host() -> None:
+    """A supervisor starting on a run: it follows the youngest running instance; one still
+    loading (rented by a supervisor killed right after the create) is adopted, not ended
+    and not counted as a recovery; a second one is ended. Only an instance that failed on
+    its host is a host fault; outbid, stopped or gone ones are not."""
+    loading = _inst(id=7, actual_status="loading")
+    verdict = reconcile(_record((5, 1.0), (7, None)), [loading])
+    assert verdict.follow is loading and verdict.recovery is None and verdict.end == []
+    running = _inst(id=8, actual_status="running", duration=60.0)
+    verdict = reconcile(_record((7, None), (8, None)), [loading, running])
+    assert verdict.follow is running
+    assert verdict.end == [(7, "a second loading instance of run r1")]
+    outbid = _inst(id=7, actual_status="exited", cur_state="stopped")
+    failed = _inst(id=8, actual_status="offline")
+    verdict = reconcile(_record((7, None), (8, None), (9, None)), [outbid, failed])
+    assert verdict.follow is None and verdict.host_faults == [8]
+    assert verdict.recovery is not None and "outbid" in verdict.recovery
+    assert verdict.gone == [(9, verdict.gone[0][1])] and "while no supervisor" in verdict.gone[0][1]
+    assert reconcile(_record((7, 3.0)), []).continue_local
+
+
+def test_all_matching_offers_excluded_is_not_no_offer(tmp_path: Path, monkeypatch: Any) -> None:
+    """When offers matched but ups left every one out itself, the error says so, each with
+    why; "no Vast offer matches" is kept for a query that matched nothing."""
+
+    class FakeSearch:  # FAKE: stands for the Vast API's offer search only
+        def search_offers(self, *args: Any) -> list[dict[str, Any]]:
+            return [{**o, "machine_id": 100 + o["id"]} for o in OFFERS]
+
+    monkeypatch.setenv("UPS_STATE_DIR", str(tmp_path))
+    spec = VastHost(name="v", offer="num_gpus=2", max_price_per_hour=1.0)
+    with pytest.raises(NoOffer) as err:
+        search(FakeSearch(), spec, machines=[102], offers=[1])  # type: ignore[arg-type]
+    text = str(err.value)
+    assert "2 Vast offer(s) matched 'num_gpus=2'; all were excluded" in text
+    assert "offer 1 on machine 101: its instance was lost earlier in this run" in text
+    assert "offer 2 on machine 102: its machine failed in this deploy" in text
+    assert "no Vast offer matches" not in text

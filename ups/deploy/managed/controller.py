@@ -142,10 +142,11 @@ class Keeper:
             leg = Leg(keep.id, rec.price, attach=True)
             leg.started -= max(0.0, time.time() - rec.started)
             self.legs.append(leg)
-            self.say(f"picking up run {state.run_id}: instance {keep.id} is running")
+            self.say(f"picking up run {state.run_id}: instance {keep.id} is {keep.state.value}")
             return leg
         reason = verdict.recovery or ""
-        self.lost_offers |= {r.offer_id for r in state.instances}
+        faulty = set(verdict.host_faults)
+        self.lost_offers |= {r.offer_id for r in state.instances if r.instance_id in faulty}
         self.count(reason)
         self.pending = self.resume_point(reason, None, time.monotonic())
         sup.recovered(self.recoveries, self.steps_lost)
@@ -184,7 +185,7 @@ class Keeper:
         try:
             target = self.attach(leg) if leg.attach else self.boot(leg)
             monitor.start()
-            return self.train(target, monitor, attach=leg.attach)
+            return self.train(target, monitor, attach=leg.attach)  # attach() may clear it
         except InstanceFailed as err:
             # Never running, image pull failed, SSH never answering: deterministic, not a
             # loss. Outbid or gone while booting is one.
@@ -215,7 +216,26 @@ class Keeper:
         inst = self.lc.wait_running(leg.instance_id, time.monotonic() + self.spec.boot_timeout_s)
         assert inst.ssh_host and inst.ssh_port  # wait_running returns only with an address
         spec = container_spec(self.spec, inst.ssh_host, inst.ssh_port)
-        return Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+        target = Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+        conn = target.connect()
+        try:
+            there = existing(target, conn, self.run_id)
+        finally:
+            conn.close()
+        if there is None:
+            # Rented by a supervisor stopped before it set the instance up: do every step
+            # it had not done (setup, the checkpoint to resume from), then train as usual.
+            self.say(
+                f"instance {leg.instance_id} was rented for run {self.run_id} but not set up "
+                "(its supervisor was interrupted): setting it up now"
+            )
+            self.sup.machine(leg.instance_id, inst.machine_id)
+            self.lc.prepare(target, self.watchdog_key)
+            if self.pending is None:
+                self.continue_local()
+            self.upload(target)
+            leg.attach = False  # nothing runs there to follow: launch it
+        return target
 
     def plan_on(self, target: Target) -> DeployPlan:
         return self.lc.plan.replan(target.spec, self.run_id)

@@ -3,8 +3,11 @@ provider lists.
 
 The run's instances are found by their label (``ups:<host>:<run>``), not by what the
 record believes: the provider is the truth about what bills and what trains. The
-youngest running one is followed; every other one is ended (never two instances train
-one run). With none running, the run lost its instance while nobody supervised it
+youngest running one is followed (else the youngest still loading: a supervisor stopped
+right after the create rented it, and it is healthy); every other one is ended (never
+two instances train one run). Only an instance that failed on its host is a host fault:
+its offer is not taken again. One that was outbid, stopped or destroyed by its owner is
+not the host's fault. With none running, the run lost its instance while nobody supervised it
 (outbid, vanished, or ended): that counts as a recovery and the run resumes on a new
 instance from its newest checkpoint. A run with no instance left and every recorded one
 ended by its supervisor continues from its local checkpoint, no recovery counted.
@@ -35,6 +38,8 @@ class Verdict:
     """The running instance to follow, if any."""
     recovery: str | None = None
     """Why a new instance must be rented (a recovery is counted), or None."""
+    host_faults: list[int] = field(default_factory=list)
+    """Ended instances whose end was their host's (failed there): not rented again."""
 
     @property
     def continue_local(self) -> bool:
@@ -48,18 +53,23 @@ def reconcile(record: Record, listed: Sequence[Instance]) -> Verdict:
     rows = [i for i in listed if i.id not in ended or i.state is State.RUNNING]
     if not rows and all(r.ended is not None for r in record.instances):
         return Verdict()
-    running = sorted(
-        (i for i in rows if i.state is State.RUNNING and i.id not in ended),
-        key=lambda i: i.duration_s,
-    )
-    keep = running[0] if running else None
+    keep = None
+    for state in (State.RUNNING, State.LOADING):
+        alive = sorted(
+            (i for i in rows if i.state is state and i.id not in ended),
+            key=lambda i: i.duration_s,
+        )
+        if alive:
+            keep = alive[0]
+            break
     end = []
     for inst in rows:
         if inst is not keep:
             why = f"{LOST.get(inst.state, inst.state.value)} {UNSUPERVISED}"
-            if inst.state is State.RUNNING:
-                why = f"a second running instance of run {record.run_id}"
+            if inst.state in (State.RUNNING, State.LOADING):
+                why = f"a second {inst.state.value} instance of run {record.run_id}"
             end.append((inst.id, why))
+    host_faults = [i.id for i in rows if i is not keep and i.state is State.FAILED]
     ids = {i.id for i in rows}
     gone = [
         (r.instance_id, f"{LOST[State.GONE]} {UNSUPERVISED}")
@@ -67,10 +77,11 @@ def reconcile(record: Record, listed: Sequence[Instance]) -> Verdict:
         if r.ended is None and r.instance_id not in ids
     ]
     if keep is not None:
-        return Verdict(end=end, gone=gone, follow=keep)
+        return Verdict(end=end, gone=gone, follow=keep, host_faults=host_faults)
     reasons = [why for _, why in end + gone]
     return Verdict(
         end=end,
         gone=gone,
         recovery=reasons[0] if reasons else f"no instance of it is left {UNSUPERVISED}",
+        host_faults=host_faults,
     )

@@ -12,6 +12,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ups.config import Config
 from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
@@ -196,19 +197,36 @@ def search(
     the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
     matched the query and were left out."""
     assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
-    rows = api.search_offers(spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb)
-    rows = [row for row in rows if int(row["id"]) not in offers]
+    matched = api.search_offers(
+        spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb
+    )
     ledger = Ledger().excluded(spec.ledger_ttl_h)
-    avoided = tuple(sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") in ledger}))
-    kept = without_machines(rows, ledger | set(machines))
-    if rows and not kept:
-        left_out = sorted({int(r["machine_id"]) for r in rows if r.get("machine_id") is not None})
+    avoided = tuple(
+        sorted({int(r["machine_id"]) for r in matched if r.get("machine_id") in ledger})
+    )
+    rows = [
+        r for r in without_machines(matched, ledger | set(machines)) if int(r["id"]) not in offers
+    ]
+    if matched and not rows:
         raise NoOffer(
-            f"every Vast offer matching {spec.offer!r} is on a machine that failed here "
-            f"(machine(s) {', '.join(map(str, left_out))}; `ups hosts` lists why); nothing more "
-            "was created. Loosen the 'offer' query in hosts.yaml, or lower ledger_ttl_h to try "
-            "those machines again."
+            f"{len(matched)} Vast offer(s) matched {spec.offer!r}; all were excluded: "
+            f"{'; '.join(_why_excluded(r, offers, machines, ledger) for r in matched[:8])}. "
+            "Nothing more was created. Loosen the 'offer' query in hosts.yaml, or lower "
+            "ledger_ttl_h to try machines that failed here again (`ups hosts` lists why)."
         )
-    rows = kept
     offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
     return offer, avoided
+
+
+def _why_excluded(
+    row: dict[str, Any], offers: Collection[int], machines: Collection[int], ledger: set[int]
+) -> str:
+    """Why one matching offer was left out, in words."""
+    machine = row.get("machine_id")
+    if int(row["id"]) in offers:
+        why = "its instance was lost earlier in this run"
+    elif machine in machines:
+        why = "its machine failed in this deploy"
+    else:
+        why = "its machine failed here before (the host ledger)"
+    return f"offer {row['id']} on machine {machine}: {why}"
