@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -227,6 +228,10 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert f"continuing run {run_id} on test (it preempted at step" in again.stdout
     assert f"started run {run_id}" in again.stdout
+    # The plan shown names only the run it continues: no other run id, none of its paths.
+    assert f"deploy plan: run {run_id} on test" in again.stdout
+    assert "else new run" not in again.stdout
+    assert set(re.findall(r"demo-[0-9a-z-]+", again.stdout)) == {run_id}
     outcome = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
     assert outcome["reason"].startswith("all 2 rank(s) finished 12 steps")

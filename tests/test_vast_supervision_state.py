@@ -34,18 +34,46 @@ def test_every_change_is_saved_as_strict_json_and_read_back(tmp_path: Path) -> N
     sup.machine(7001, 1010)
     sup.synced(10)
     sup.instance_ended(7001, "lost: outbid")
-    sup.recovered(1, steps_lost=5)
+    sup.recovery("outbid", 7001)
+    assert sup.state.status is supervision.RunStatus.RECOVERING
+    sup.resumes_from(10, 5)
+    sup.trains_again(12.5)
     text = (run_dir / supervision.FILE).read_text()
     json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     again, known = supervision.Supervision.load_or_new(run_dir, _state())
     assert known
     st = again.state
     assert (st.recoveries, st.steps_lost, [c.step for c in st.checkpoints]) == (1, 5, [10])
+    (recovery,) = st.history
+    assert (recovery.number, recovery.lost_instance, recovery.reason) == (1, 7001, "outbid")
+    assert (recovery.resume_step, recovery.steps_lost, recovery.downtime_s) == (10, 5, 12.5)
+    assert st.status is supervision.RunStatus.RUNNING
     (rec,) = st.instances
     assert (rec.offer_id, rec.machine_id, rec.end_reason) == (101, 1010, "lost: outbid")
     assert rec.ended is not None and st.cost() == pytest.approx(rec.ended - rec.started)
     assert st.current() is None
     assert [s.run_id for s in supervision.all_runs(tmp_path)] == ["r1"]
+    again.finished("exit 75", 75)
+    assert supervision.load(run_dir).status is supervision.RunStatus.STOPPED  # type: ignore[union-attr]
+
+
+def test_the_previous_releases_record_is_still_read(tmp_path: Path) -> None:
+    """A run supervised by the previous release (``supervision.json``, a recovery count and
+    free-text ending, no status) is read; the next write is the new record, ``run.json``."""
+    run_dir = tmp_path / "r1"
+    run_dir.mkdir()
+    old = {"run_id": "r1", "host": "vast", "config": "/c.yaml", "hosts_file": None,
+           "overrides": [], "created": 1.0, "updated": 2.0, "recoveries": 2, "steps_lost": 7,
+           "instances": [{"instance_id": 5, "offer_id": 50, "machine_id": 500, "price": 0.5,
+                          "started": 1.0, "ended": 3601.0, "end_reason": "lost: outbid"}],
+           "checkpoints": [], "ended": "exit 0", "exit_code": 0}  # fmt: skip
+    (run_dir / supervision.LEGACY_FILE).write_text(json.dumps(old))
+    sup, known = supervision.Supervision.load_or_new(run_dir, _state())
+    assert known and sup.state.status is supervision.RunStatus.FINISHED
+    assert (sup.state.recoveries, sup.state.history) == (2, [])
+    assert sup.state.cost() == pytest.approx(0.5)
+    sup.save()
+    assert json.loads((run_dir / supervision.FILE).read_text())["status"] == "finished"
 
 
 def test_a_damaged_state_file_is_named_with_the_fix(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -165,7 +166,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     assert fake_vast.live() == [] and list(fake_vast.destroyed) == [inst.id]
     steps = [e["step"] for e in _events(log, "train_step")]
     assert steps == sorted(set(steps)), "a step logged twice or out of order"
-    state = json.loads((run_dir / "supervision.json").read_text())
+    state = json.loads((run_dir / "run.json").read_text())
     assert state["recoveries"] == 0 and [i["instance_id"] for i in state["instances"]] == [inst.id]
     print(f"\nMEASURE supervisor restart -> following: {following:.1f} s")
 
@@ -202,7 +203,7 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     assert "recovery 1/3: picking up run unsup" in out and "from step 10" in out
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
-    state = json.loads((run_dir / "supervision.json").read_text())
+    state = json.loads((run_dir / "run.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
     assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
@@ -256,9 +257,43 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert "recovery 1/3: picking up run unsup-s3" in out and "from step 10" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
-    assert marked["resume_step"] == 10
+    assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
+    # The account covers both instances, the one lost while nobody supervised included:
+    # one cost each, and the total is their sum.
+    summary = next(line for line in out.splitlines() if "vast summary: run unsup-s3" in line)
+    costs = [float(c) for c in re.findall(r"\d+ \$([0-9.]+)", summary.split("used (")[1])]
+    total = float(summary.split("about $")[1].split(" ")[0])
+    assert len(costs) == 2 and total == pytest.approx(sum(costs), abs=2e-4), summary
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "finished" and len(record["instances"]) == 2
+    (recovery,) = record["history"]
+    assert recovery["lost_instance"] == first.id and recovery["resume_step"] == 10
+    assert recovery["downtime_s"] is not None
+
+    # From a third machine with only the bucket: every step once, the recovery mark (naming
+    # the lost instance) between the two instances' steps.
+    third = tmp_path / "third-machine"
+    third.mkdir()
+    code, out, err = _done(
+        _fab(third, fake_vast, "logs", "--host", "vast", "--hosts-file", str(hosts), "--run",
+             "unsup-s3", env=s3_env), 120,
+    )  # fmt: skip
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "its log as saved in s3://ups-test/runs/unsup-s3/logs/launch.log" in out
+    replay = third / "replayed.log"
+    bucket_log = bucket.get_bytes("unsup-s3/logs/launch.log")
+    assert bucket_log is not None
+    replay.write_bytes(bucket_log)
+    steps = [e["step"] for e in _events(replay, "train_step")]
+    assert steps == sorted(set(steps)) and steps[-1] == 20, steps
+    lines = replay.read_text().splitlines()
+    mark = next(i for i, line in enumerate(lines) if RECOVERY_EVENT in line)
+    assert f'"lost_instance": {first.id}' in lines[mark]
+    before = [e["step"] for e in _events(lines[:mark], "train_step")]
+    after = [e["step"] for e in _events(lines[mark:], "train_step")]
+    assert max(before) <= 10 < min(after)
     print(f"\nMEASURE supervisor restart -> recovered from the bucket: {_seconds(resumed):.1f} s")
 
 

@@ -112,6 +112,8 @@ def deploy(request: DeployRequest, out: TextIO = sys.stdout) -> int:
     kind = kinds.for_hosts(specs, request.host or "")
     refuse_unsupported(request, kind, request.host or "")
     plan = kind.plan(request, specs, known_hosts, out)
+    if not request.dry_run:
+        plan.choose_run()  # a continued run is found on the host: the plan names only it
     # The object printed here is the one run below: --dry-run shows exactly what runs.
     out.write(plan.render() + "\n")
     out.flush()

@@ -38,6 +38,11 @@ NAMES = tuple(_MODULES)
 class KindPlan(Protocol):
     """One deploy, planned: printed by ``--dry-run``, executed otherwise."""
 
+    def choose_run(self) -> None:
+        """Decide which run this deploy uses where the host holds the answer (a continued
+        run), so that :meth:`render` names only that run; not called for ``--dry-run``."""
+        ...
+
     def render(self) -> str:
         """What will run, every remote command as it is sent."""
         ...

@@ -12,6 +12,7 @@ from typing import TextIO
 from ups.deploy.hosts import AddressedHost, ContainerHost, HostSpec
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
+from ups.deploy.onhost.runs import choose_run
 from ups.deploy.request import OPTIONS, DeployRequest
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target
@@ -28,6 +29,9 @@ class ContainerDeploy:
     env: dict[str, str]
     sync: Path | None = None
     mirror: Path | None = None
+
+    def choose_run(self) -> None:
+        self.plan = choose_run(self.target, self.plan, self.replan)
 
     def render(self) -> str:
         return self.target.labelled(self.plan.render())

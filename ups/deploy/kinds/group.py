@@ -31,6 +31,9 @@ class GroupDeploy:
     plans: list[DeployPlan]
     env: dict[str, str]
 
+    def choose_run(self) -> None:
+        """Nothing to decide on a host: a multi-host job always names its run."""
+
     def render(self) -> str:
         return "\n".join(
             t.labelled(p.render()) for t, p in zip(self.targets, self.plans, strict=True)

@@ -20,17 +20,18 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 import time
+from pathlib import Path
 
 import psutil
 
-from ups.bucket import Bucket
+from ups.bucket import Bucket, BucketError
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.hosts import VastHost
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.reconcile import reconcile
-from ups.deploy.managed.record import Supervision
+from ups.deploy.managed.record import RunStatus, Supervision
 from ups.deploy.managed.rental_plan import container_spec
 from ups.deploy.managed.store import fetch_newer
 from ups.deploy.managed.watch import (
@@ -80,10 +81,8 @@ class Keeper:
         self.run_dir = plan.local_runs / plan.run_id
         self.log = LocalLog(self.run_dir / "logs" / "launch.log")
         self.legs: list[Leg] = []
-        self.recoveries = sup.state.recoveries
+        """The instances this supervisor worked on (the record has every one of the run)."""
         self.lost_offers: set[int] = set()
-        self.downtime_s = 0.0
-        self.steps_lost = sup.state.steps_lost
         self.started = process_started()
         self.synced: list[Synced] = []
         self.pending: Pending | None = None
@@ -91,6 +90,10 @@ class Keeper:
     @property
     def spec(self) -> VastHost:
         return self.lc.plan.spec
+
+    @property
+    def recoveries(self) -> int:
+        return self.sup.state.recoveries
 
     def say(self, text: str) -> None:
         self.lc.say(text)
@@ -138,18 +141,18 @@ class Keeper:
             lc.created.append(keep.id)  # ended per on_exit when this supervisor ends
             found = [r for r in state.instances if r.instance_id == keep.id]
             # Not in the record: rented by a supervisor killed before it could save.
-            rec = found[0] if found else sup.rented(keep.id, -1, keep.machine_id, keep.dph_total)
-            leg = Leg(keep.id, rec.price, attach=True)
-            leg.started -= max(0.0, time.time() - rec.started)
+            if not found:
+                sup.rented(keep.id, -1, keep.machine_id, keep.dph_total)
+            leg = Leg(keep.id, attach=True)
             self.legs.append(leg)
             self.say(f"picking up run {state.run_id}: instance {keep.id} is {keep.state.value}")
             return leg
         reason = verdict.recovery or ""
         faulty = set(verdict.host_faults)
         self.lost_offers |= {r.offer_id for r in state.instances if r.instance_id in faulty}
-        self.count(reason)
-        self.pending = self.resume_point(reason, None, time.monotonic())
-        sup.recovered(self.recoveries, self.steps_lost)
+        lost = verdict.end[0][0] if verdict.end else verdict.gone[0][0] if verdict.gone else None
+        self.count(reason, lost)
+        self.pending = self.resume_point(reason, lost, time.monotonic())
         lc.plan = lc.plan.with_next_offer(lc.api, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: picking up run "
@@ -159,12 +162,12 @@ class Keeper:
         return None
 
     def leg(self, instance_id: int) -> Leg:
-        """Count a new instance of this run (the summary's cost and recoveries) and record
-        it in the supervision state before anything else can fail."""
-        leg = Leg(instance_id, self.lc.plan.price)
+        """Record a new instance of this run (its price and start: its cost) before
+        anything else can fail."""
+        leg = Leg(instance_id)
         self.legs.append(leg)
         offer = self.lc.plan.offer
-        self.sup.rented(instance_id, offer.id, offer.machine_id, leg.price)
+        self.sup.rented(instance_id, offer.id, offer.machine_id, self.lc.plan.price)
         return leg
 
     def on_rented(self, instance_id: int) -> int:
@@ -313,7 +316,7 @@ class Keeper:
             conn.close()
         retryable, why = retry_verdict(outcome, code)
         if code != 0 and retryable and time.time() < self.lc.plan.deadline_epoch:
-            self.count(f"the run ended: {why}")
+            self.count(f"the run ended: {why}", None)
             line = self.log.mark(
                 recovery=self.recoveries, reason=why, instance=self.legs[-1].instance_id
             )
@@ -343,11 +346,15 @@ class Keeper:
     def on_line(self, line: bytes) -> None:
         self.log.write(line)
         p = self.pending
-        if p is not None and _event(line).get("event") in ("resumed", "train_step"):
+        training = self.sup.state.status is not RunStatus.RUNNING or p is not None
+        if not training or _event(line).get("event") not in ("resumed", "train_step"):
+            return
+        if p is None:
+            self.sup.trains_again(None)
+        else:
             p.mark("first_step")
             self.pending = None
-            if p.number:
-                self.downtime_s += p.marks["first_step"]
+            self.sup.trains_again(p.marks["first_step"] if p.number else None)
             split = ", ".join(f"{k} {v:.1f} s" for k, v in p.marks.items())
             self.say(
                 f"recovery {p.number}: run {self.run_id} resumed; since detection: {split}; "
@@ -359,8 +366,9 @@ class Keeper:
             self.pending.mark(phase)
 
     # -- recovery -----------------------------------------------------------------------
-    def count(self, reason: str) -> None:
-        """Count one recovery; raise :class:`RecoveriesExhausted` past the bounds."""
+    def count(self, reason: str, lost_instance: int | None) -> None:
+        """Count one recovery in the record; raise :class:`RecoveriesExhausted` past the
+        bounds."""
         newest = newest_good(self.run_dir / "checkpoints")
         kept = (
             f"Its newest checkpoint (step {newest[0]}) is in {newest[1].parent}"
@@ -382,19 +390,17 @@ class Keeper:
                 f"run {self.run_id} needs another recovery ({reason}) but max_hours "
                 f"{self.spec.max_hours:g} is used up across its instances. {kept}. {again}"
             )
-        self.recoveries += 1
+        self.sup.recovery(reason, lost_instance)
 
     def recover(self, leg: Leg, reason: str) -> None:
         """End the lost instance, cut the log back to the checkpoint, pick the next offer."""
         detected = time.monotonic()
-        leg.ended = detected
-        self.say(f"instance {leg.instance_id} lost: {reason} (about ${leg.cost():.4f} spent on it)")
         self.end_lost(leg.instance_id, reason)
+        spent = sum(r.cost() for r in self.sup.state.instances if r.instance_id == leg.instance_id)
+        self.say(f"instance {leg.instance_id} lost: {reason} (about ${spent:.4f} spent on it)")
         self.lost_offers.add(self.lc.plan.offer.id)
-        self.count(reason)
+        self.count(reason, leg.instance_id)
         self.pending = self.resume_point(reason, leg.instance_id, detected)
-        self.pending.lost_cost = leg.cost()
-        self.sup.recovered(self.recoveries, self.steps_lost)
         self.lc.plan = self.lc.plan.with_next_offer(self.lc.api, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
@@ -411,16 +417,22 @@ class Keeper:
             self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
         self.sup.instance_ended(instance_id, f"lost: {reason}")
 
-    def resume_point(self, reason: str, instance: int | None, detected: float) -> Pending:
+    def resume_point(
+        self, reason: str, instance: int | None, detected: float, counted: bool = True
+    ) -> Pending:
         """The newest good checkpoint here (the bucket's first, when newer); the log cut
-        back to it and marked."""
+        back to it and marked; the record says where the counted recovery resumes."""
         if self.bucket is not None:
             fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+            self.catch_up_log()
         newest = newest_good(self.run_dir / "checkpoints")
         step, path = newest if newest else (0, None)
         lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
-        last, _ = self.log.cut_after(step, lost)
-        self.steps_lost += last - step
+        last, moved = self.log.cut_after(step, lost)
+        if moved and self.bucket is not None:
+            self.keep_in_bucket(lost)
+        if counted:
+            self.sup.resumes_from(step, last - step)
         self.log.mark(
             recovery=self.recoveries,
             reason=reason,
@@ -429,6 +441,29 @@ class Keeper:
             steps_lost=last - step,
         )
         return Pending(self.recoveries, reason, step, path, last - step, detected)
+
+    def catch_up_log(self) -> None:
+        """The lines the lost instance logged while no supervisor followed it: its last
+        upload of the log to the bucket, when it continues the copy here."""
+        assert self.bucket is not None
+        key = f"{self.run_id}/logs/launch.log"
+        try:
+            data = self.bucket.get_bytes(key)
+        except BucketError as err:
+            self.say(f"warning: the run's log in the bucket could not be read ({err})")
+            return
+        if data is not None and (added := self.log.catch_up(data)):
+            self.say(f"took {added} bytes of the run's log from {self.bucket.url_of(key)}")
+
+    def keep_in_bucket(self, lost: Path) -> None:
+        """The lines after the checkpoint a recovery resumes from (recomputed, so cut from
+        the log) stay in the bucket under their own name: the next upload of the log
+        replaces ``launch.log`` there."""
+        assert self.bucket is not None
+        try:
+            self.bucket.put_bytes(f"{self.run_id}/logs/{lost.name}", lost.read_bytes())
+        except BucketError as err:
+            self.say(f"warning: {lost.name} could not be kept in the bucket ({err})")
 
     def continue_local(self) -> None:
         """A run directory here with a checkpoint continues from it (the bucket's newest
@@ -439,7 +474,7 @@ class Keeper:
             self.log.reset()
             return
         self.pending = self.resume_point(
-            "continued from the local run directory", None, time.monotonic()
+            "continued from the local run directory", None, time.monotonic(), counted=False
         )
         self.say(
             f"continuing run {self.run_id} from its local checkpoint at step "
@@ -470,16 +505,19 @@ class Keeper:
         p.mark("uploaded")
 
     def summary(self) -> str:
-        now = time.monotonic()
-        for leg in self.legs:
-            leg.ended = leg.ended or now
-        cost = sum(leg.cost() for leg in self.legs)
+        """The run's account, from its record: every instance it rented (this supervisor's
+        or an earlier one's), each with its cost, and the total."""
+        state = self.sup.state
+        each = ", ".join(
+            f"{r.instance_id} ${r.cost():.4f}{'' if r.ended else ' (running)'}"
+            for r in state.instances
+        )
         sent = sum(s.sent for s in self.synced)
         return (
-            f"vast summary: run {self.run_id}: {len(self.legs)} instance(s) used, "
-            f"{self.recoveries} recovery(ies), about ${cost:.4f} in all; time lost to "
-            f"recoveries {self.downtime_s:.1f} s and {self.steps_lost} steps recomputed; "
-            f"{len(self.synced)} checkpoint(s) synced ({sent} bytes)"
+            f"vast summary: run {self.run_id}: {len(state.instances)} instance(s) used "
+            f"({each}), {state.recoveries} recovery(ies), about ${state.cost():.4f} in all; "
+            f"time lost to recoveries {state.downtime_s():.1f} s and {state.steps_lost} steps "
+            f"recomputed; {len(self.synced)} checkpoint(s) synced ({sent} bytes)"
         )
 
 

@@ -63,6 +63,9 @@ class VastDeploy:
     hosts_file: str | None
     mode: str
 
+    def choose_run(self) -> None:
+        """Nothing to decide on a host: the run's record says which run continues."""
+
     def render(self) -> str:
         return self.plan.render()
 
@@ -102,7 +105,7 @@ class VastDeploy:
                 code = 0
             else:
                 lifecycle = Lifecycle(self.api, plan, self.known_hosts, out)
-                sup.save()
+                sup.supervised_by(supervision.Supervisor.this_process(self.mode))
                 code = run(
                     lifecycle,
                     env=self.env,

@@ -1,17 +1,23 @@
-"""A vast run's supervision state, persisted after every change so it outlives its process.
+"""A managed run's one record, persisted after every change so it outlives its process.
 
-``runs/<id>/supervision.json`` (strict JSON, written atomically) says which instances the
-run rented (offer, machine, price, when, why each ended), how many recoveries it used, the
-checkpoints synced home and how the run ended. Whoever supervises the run next (the same
-``fab deploy`` run again, or ``ups supervise``) reads it to pick the run up where it is;
-``fab instances`` reads it to show cost and recoveries. A mirror (the run's bucket, when it
-has one) gets every write too, so another machine can pick the run up. Who may write it is
-decided by the lease (:mod:`ups.deploy.managed.lease`), not here.
+``runs/<id>/run.json`` (strict JSON, written atomically) holds the run's status, every
+instance it ever rented (offer, machine, $/h, start, end, cost, how it ended), every
+recovery (the lost instance, why, steps lost, downtime), the supervisor holding it (its
+pid, host and start time), the checkpoints synced home and how the run ended. A record
+written by the previous release (``supervision.json``) is still read. Whoever supervises
+the run next (the same ``fab deploy`` run again, or ``ups supervise``) reads it to pick the
+run up where it is; the summary and ``fab instances`` read it for cost and recoveries. A
+mirror (the run's bucket, when it has one) gets every write too, so another machine can
+pick the run up. Who may write it is decided by the lease
+(:mod:`ups.deploy.managed.lease`), not here.
 """
 
 from __future__ import annotations
 
+import enum
 import json
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +28,23 @@ from typing import Any
 from ups import jsonio
 from ups.fsio import atomic_write_text
 
-FILE = "supervision.json"
+FILE = "run.json"
+LEGACY_FILE = "supervision.json"
+"""What the previous release called the record: read when a run has no ``run.json``."""
+
+
+class RunStatus(enum.StrEnum):
+    """Where a managed run stands."""
+
+    STARTING = "starting"
+    """No instance trains it yet (renting, booting, setting up)."""
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    """An instance was lost; a new one is being rented and set up."""
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    """Ended by a person (Ctrl-C, ``fab stop``, ``fab down``) or by its bounds."""
 
 
 @dataclass
@@ -41,6 +63,38 @@ class Rented:
     def cost(self, now: float | None = None) -> float:
         end = self.ended or (time.time() if now is None else now)
         return self.price * max(0.0, end - self.started) / 3600.0
+
+
+@dataclass
+class Recovery:
+    """One recovery of the run: what was lost, why, and what it cost in time."""
+
+    number: int
+    reason: str
+    lost_instance: int | None
+    """The instance that was lost (None: the run ended by itself and was relaunched)."""
+    at: float
+    resume_step: int = -1
+    """The checkpoint step the run resumes from (-1: on the same instance, as it was)."""
+    steps_lost: int = 0
+    downtime_s: float | None = None
+    """From detection to the first step after it (None until the run trains again)."""
+
+
+@dataclass
+class Supervisor:
+    """The process that supervises the run (the one to signal, not a short-lived deploy)."""
+
+    pid: int
+    host: str
+    started: float
+    mode: str
+
+    @classmethod
+    def this_process(cls, mode: str) -> Supervisor:
+        import psutil
+
+        return cls(os.getpid(), socket.gethostname(), psutil.Process().create_time(), mode)
 
 
 @dataclass
@@ -69,10 +123,20 @@ class State:
     ended: str = ""
     """Empty while the run may still need supervising; else how it ended."""
     exit_code: int | None = None
+    status: RunStatus = RunStatus.STARTING
+    history: list[Recovery] = field(default_factory=list)
+    """Every recovery, oldest first (a record of the previous release has only the count)."""
+    supervisor: Supervisor | None = None
+    bucket_checkpoint: int | None = None
+    """The newest checkpoint step committed in the run's bucket, when it has one."""
 
     def cost(self) -> float:
+        """What every instance of the run cost: the one place cost is computed."""
         now = time.time()
         return sum(r.cost(now) for r in self.instances)
+
+    def downtime_s(self) -> float:
+        return sum(r.downtime_s or 0.0 for r in self.history)
 
     def current(self) -> Rented | None:
         """The instance the run trains on now (the newest not ended)."""
@@ -84,7 +148,22 @@ class State:
         data = dict(data)
         data["instances"] = [Rented(**r) for r in data.get("instances", [])]
         data["checkpoints"] = [SyncedCheckpoint(**c) for c in data.get("checkpoints", [])]
+        data["history"] = [Recovery(**r) for r in data.get("history", [])]
+        if data.get("supervisor") is not None:
+            data["supervisor"] = Supervisor(**data["supervisor"])
+        if "status" in data:
+            data["status"] = RunStatus(data["status"])
+        else:  # the previous release's record: its status follows from how it ended
+            data["status"] = _legacy_status(data.get("ended", ""), data.get("exit_code"))
         return cls(**data)
+
+
+def _legacy_status(ended: str, exit_code: int | None) -> RunStatus:
+    if not ended:
+        return RunStatus.RUNNING
+    if exit_code == 0:
+        return RunStatus.FINISHED
+    return RunStatus.FAILED if exit_code is not None else RunStatus.STOPPED
 
 
 Mirror = Callable[[str, bytes], None]
@@ -137,9 +216,44 @@ class Supervision:
                 rec.ended, rec.end_reason = time.time(), reason
         self.save()
 
-    def recovered(self, recoveries: int, steps_lost: int) -> None:
-        self.state.recoveries, self.state.steps_lost = recoveries, steps_lost
+    def supervised_by(self, supervisor: Supervisor) -> None:
+        self.state.supervisor = supervisor
         self.save()
+
+    def status(self, status: RunStatus) -> None:
+        if self.state.status is not status:
+            self.state.status = status
+            self.save()
+
+    def recovery(self, reason: str, lost_instance: int | None) -> Recovery:
+        """Count one recovery (the run is recovering until its first step after it)."""
+        rec = Recovery(self.state.recoveries + 1, reason, lost_instance, time.time())
+        self.state.recoveries += 1
+        self.state.history.append(rec)
+        self.state.status = RunStatus.RECOVERING
+        self.save()
+        return rec
+
+    def resumes_from(self, step: int, steps_lost: int) -> None:
+        """Where the latest recovery resumes, and the steps it recomputes."""
+        self.state.steps_lost += steps_lost
+        if self.state.history:
+            self.state.history[-1].resume_step = step
+            self.state.history[-1].steps_lost = steps_lost
+        self.save()
+
+    def trains_again(self, downtime_s: float | None) -> None:
+        """The first step after a recovery (or the first of the run)."""
+        if downtime_s is not None and self.state.history:
+            self.state.history[-1].downtime_s = downtime_s
+        self.state.status = RunStatus.RUNNING
+        self.save()
+
+    def bucket_has(self, step: int) -> None:
+        with self._lock:
+            if self.state.bucket_checkpoint is None or step > self.state.bucket_checkpoint:
+                self.state.bucket_checkpoint = step
+                self.save()
 
     def synced(self, step: int, where: str = "local") -> None:
         with self._lock:
@@ -148,17 +262,31 @@ class Supervision:
 
     def finished(self, how: str, exit_code: int | None) -> None:
         self.state.ended, self.state.exit_code = how, exit_code
+        self.state.status = (
+            RunStatus.FINISHED
+            if exit_code == 0
+            else RunStatus.STOPPED
+            if exit_code is None or exit_code in STOPPED_CODES
+            else RunStatus.FAILED
+        )
         self.save()
 
 
+STOPPED_CODES = frozenset({75, 130, 143})
+"""Exit codes of a run stopped on purpose: preempted (75), SIGINT (130), SIGTERM (143)."""
+
+
 def load(run_dir: Path) -> State | None:
-    """The saved state of the run in ``run_dir``, or None when it was never supervised."""
-    path = run_dir / FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    return parse(text, str(path))
+    """The run's record in ``run_dir`` (the previous release's name too), or None when it
+    was never supervised."""
+    for name in (FILE, LEGACY_FILE):
+        path = run_dir / name
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            continue
+        return parse(text, str(path))
+    return None
 
 
 def parse(text: str, where: str) -> State:
@@ -178,6 +306,7 @@ def all_runs(runs_dir: Path) -> list[State]:
     """Every supervised run under ``runs_dir`` (``fab instances``), oldest first."""
     found = []
     if runs_dir.is_dir():
-        for path in sorted(runs_dir.glob(f"*/{FILE}")):
-            found.append(parse(path.read_text(), str(path)))
+        for run_dir in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
+            if (state := load(run_dir)) is not None:
+                found.append(state)
     return sorted(found, key=lambda s: s.created)

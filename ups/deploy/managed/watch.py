@@ -2,8 +2,8 @@
 instance every ``monitor_s`` and reports it lost (outbid, stopped, no longer listed, or
 SSH unreachable for ``ssh_lost_s``), cutting the log stream short; :class:`LocalLog`
 keeps the local copy of ``launch.log`` that a recovery uploads; :class:`Leg` and
-:class:`Pending` record one instance's part of the run. The loop that uses them is
-:mod:`ups.deploy.managed.controller`.
+:class:`Pending` say which instance is worked on and what a recovery under way resumes.
+The loop that uses them is :mod:`ups.deploy.managed.controller`.
 """
 
 from __future__ import annotations
@@ -143,6 +143,18 @@ class LocalLog:
         self.write(line)
         return line
 
+    def catch_up(self, data: bytes) -> int:
+        """Take ``data`` (the run's log as an instance uploaded it to the bucket) when it
+        continues this copy: lines logged while no supervisor followed the run. Returns
+        the bytes added (0 when this copy is as long, or the two differ)."""
+        self.close()
+        mine = self.path.read_bytes() if self.path.exists() else b""
+        if len(data) <= len(mine) or not data.startswith(mine):
+            return 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, data)
+        return len(data) - len(mine)
+
     def cut_after(self, step: int, lost: Path) -> tuple[int, int]:
         """Move every line logged after checkpoint ``step`` was saved into ``lost``.
 
@@ -183,17 +195,11 @@ class LocalLog:
 
 @dataclass
 class Leg:
-    """One instance's share of the run: what it cost."""
+    """The instance a supervisor works on now (its cost is in the run's record)."""
 
     instance_id: int
-    price: float
-    started: float = field(default_factory=time.monotonic)
-    ended: float | None = None
     attach: bool = False
     """Rented by an earlier supervisor: follow what runs there, boot nothing."""
-
-    def cost(self) -> float:
-        return self.price * ((self.ended or time.monotonic()) - self.started) / 3600.0
 
 
 @dataclass
@@ -207,7 +213,6 @@ class Pending:
     steps_lost: int
     detected: float
     marks: dict[str, float] = field(default_factory=dict)
-    lost_cost: float = 0.0
 
     def mark(self, phase: str) -> None:
         self.marks[phase] = time.monotonic() - self.detected

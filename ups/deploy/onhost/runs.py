@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +136,23 @@ def log_size(target: Target, conn: Connection, found: rc.RemoteRun) -> int:
     """Bytes already in the run's launch.log (a resumed run's log continues after them)."""
     out = run(conn, rc.file_size_command(found.launch_log), target.spec).stdout.strip()
     return int(out) if out.isdigit() else 0
+
+
+def choose_run(target: Target, plan: DeployPlan, replan: Callable[[str], DeployPlan]) -> DeployPlan:
+    """The plan for the run this deploy will use, decided on the host before the plan is
+    shown: the host's latest unfinished run of the config's name (as ``ups launch``
+    continues one), else the new run the plan names. ``--dry-run`` contacts nothing and
+    keeps both in its plan."""
+    if not plan.resume_name:
+        return plan
+    conn = target.connect()
+    try:
+        state = resumable(target, conn, plan.resume_name)
+    finally:
+        conn.close()
+    if state is None:
+        return dataclasses.replace(plan, resume_name=None)
+    return replan(state.run.run_id)
 
 
 def settle(

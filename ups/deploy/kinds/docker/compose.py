@@ -21,7 +21,7 @@ from ups.deploy.hosts import DockerHost
 from ups.deploy.kinds.docker import commands
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import SECRET_NAMES, DeployPlan, Step, address, check_run_flag
-from ups.deploy.onhost.runs import settle
+from ups.deploy.onhost.runs import choose_run, settle
 from ups.deploy.transport.progress import Progress, human_bytes
 from ups.deploy.transport.remote import RemoteRun, start_command
 from ups.deploy.transport.session import Target, run, show_report, write_private, write_text
@@ -149,6 +149,9 @@ class DockerDeploy:
     replan: Callable[[str | None], DeployPlan]
     """The same plan for the run found on the host (a continued run keeps its id)."""
     env: dict[str, str]
+
+    def choose_run(self) -> None:
+        self.plan = choose_run(self.target, self.plan, self.replan)
 
     def render(self) -> str:
         return self.target.labelled(self.plan.render())
