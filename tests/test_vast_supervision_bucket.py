@@ -39,7 +39,7 @@ def _checkpoint(directory: Path, step: int) -> Path:
 
 
 def test_state_and_lease_live_in_the_bucket_too(s3_server: S3Server, tmp_path: Path) -> None:
-    """Every save lands in <run>/supervision.json; a supervisor with another run directory
+    """Every save lands in <run>/run.json; a supervisor with another run directory
     (another machine) is refused while the first holds the bucket's lease, and takes it
     once released; a bucket that is down leaves supervision going on locally."""
     bucket = _bucket(s3_server)
@@ -51,7 +51,7 @@ def test_state_and_lease_live_in_the_bucket_too(s3_server: S3Server, tmp_path: P
         bucket_state.mirror(bucket, "r1", said.append),
     )
     sup.rented(7001, 101, 1010, 0.5)
-    remote = bucket.get_bytes("r1/supervision.json")
+    remote = bucket.get_bytes("r1/run.json")
     assert remote is not None and remote == sup.path.read_bytes()
     assert json.loads(remote)["instances"][0]["machine_id"] == 1010
 

@@ -176,8 +176,9 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
 ) -> None:
     """Detached; its supervisor SIGKILLed after checkpoint 10 came home; the instance is
     outbid while nothing supervises the run; the same deploy run again ends the outbid
-    instance, rents another, resumes from step 10 and finishes: one recovery, two
-    instances, both destroyed, weights equal to an uninterrupted run's."""
+    instance and rents another, and is itself SIGKILLed right after that create; run once
+    more, it adopts the new instance, sets it up, resumes from step 10 and finishes: one
+    recovery, two instances, both destroyed, weights equal to an uninterrupted run's."""
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
     hosts = _hosts(fake_vast, tmp_path, demo_data)
     config = demo_config(tmp_path / "demo.yaml", max_steps=20)
@@ -194,18 +195,30 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     fake_vast.outbid(first.id)
     reached = max(e["step"] for e in _events(first_log, "train_step"))
 
+    # The recovering supervisor is itself killed right after it created the replacement
+    # (still loading, nothing set up on it): the next deploy adopts that healthy instance,
+    # sets it up (checkpoint and log uploaded, then preflight) instead of destroying it,
+    # and counts no second recovery for the one outbid.
+    recovering = _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup"))
+    lines = _wait_line(recovering, "created instance", timeout=240)
+    _sigkill(recovering.pid)
+    _done(recovering, 30)
+    (second,) = fake_vast.live()
+    assert f"created instance {second.id}" in lines[-1]
+
     code, out, err = _done(_fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup")), 400)
     assert code == 0, out[-4000:] + err[-3000:]
-    assert (
-        f"instance {first.id} of run unsup: outbid (Vast shows it stopped) while no supervisor ran"
-        in out
-    )
-    assert "recovery 1/3: picking up run unsup" in out and "from step 10" in out
+    assert f"picking up run unsup: instance {second.id} is" in out
+    assert f"instance {second.id} was rented for run unsup but not set up" in out
+    assert "uploaded checkpoint step 10" in out
+    assert "recovery 2" not in out
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     state = json.loads((run_dir / "run.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
+    assert [i["instance_id"] for i in state["instances"]] == [first.id, second.id]
     assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
+    assert "outbid" in state["history"][0]["reason"]
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
     assert marked["resume_step"] == 10
