@@ -14,7 +14,7 @@ from typing import Any
 
 from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.torchrun import TorchrunResult, WorkerFailure, received
+from ups.launch.torchrun import PEER_LOST, TorchrunResult, WorkerFailure, blame_order, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -138,7 +138,9 @@ def _explain_kill(
     killed = [f for f in result.failures if f.signal == "SIGKILL"]
     if not killed or before is None or outcome.outcome != "failed":
         return outcome
-    victim = next((f for f in killed if f.rank == outcome.failed_rank), killed[0])
+    victim = next((f for f in killed if f.rank == outcome.failed_rank), None)
+    if victim is None:  # the blamed rank died otherwise; torchrun's SIGKILL was the cleanup
+        return outcome
     pids = {f.pid for f in killed if f.pid is not None}
     memory = explain_sigkill(
         before, snapshot(), result.peak_rss, victim.rank, kernel_log_oom_kills(pids)
@@ -200,7 +202,7 @@ def _amend_failed(
 
     The trainer's surviving rank knows that a peer died, rarely which one or of what.
     """
-    rank = cause.rank if written.failed_rank is None else written.failed_rank
+    rank = _blamed_rank(written, cause)
     failure = result.failure_of(rank) or cause
     changes: dict[str, Any] = {}
     if written.exit_code in _TRAINER_CODES or written.cause in _AGREED_CAUSES:
@@ -208,20 +210,31 @@ def _amend_failed(
         # loss, a failed save, too many skips): the reason is complete. How torchrun then
         # tore the others down (SIGTERM to the slower rank) would only mislead.
         return written
-    if written.failed_rank is None:
-        changes["failed_rank"] = failure.rank
-    if written.signal is None and failure.signal:
+    if written.failed_rank != rank:
+        changes["failed_rank"] = rank
+        changes["traceback"] = _traceback_location(plan, failure)
+    if written.signal is None and failure.signal and failure.rank == rank:
         changes["signal"] = failure.signal
         changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
-    if written.cause == "peer_died":
+    if written.cause == "peer_died" and blame_order(failure) < PEER_LOST:
         # The survivor saw only a broken connection; torchrun saw how the peer ended.
-        if failure.signal or failure.rank != 0:
-            changes["cause"] = _cause_of(failure)
-        if changes.get("cause") == LOADER_DIED:
+        changes["cause"] = _cause_of(failure)
+        if changes["cause"] == LOADER_DIED:
             changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
-    if written.traceback is None:
+    if written.traceback is None and "traceback" not in changes:
         changes["traceback"] = _traceback_location(plan, failure)
     return dataclasses.replace(written, **changes) if changes else written
+
+
+def _blamed_rank(written: Outcome, cause: WorkerFailure) -> int:
+    """The trainer's rank, unless it only guessed: a survivor that saw a peer's connection
+    drop ("peer_died") names no rank, or the first that had not reached the step, while
+    torchrun knows which rank died and of what."""
+    if written.failed_rank is None:
+        return cause.rank
+    if written.cause == "peer_died" and blame_order(cause) < PEER_LOST:
+        return cause.rank
+    return written.failed_rank
 
 
 def _cause_of(failure: WorkerFailure) -> str:

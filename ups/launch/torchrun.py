@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,20 +70,44 @@ class TorchrunResult:
         return next((f for f in self.failures if f.rank == rank), None)
 
     def root_cause(self) -> WorkerFailure | None:
-        """The failure that started it: not a rank the agent stopped, then the earliest."""
-        return min(self.failures, key=lambda f: (_collateral(f), f.timestamp, f.rank), default=None)
+        """The failure that started it, by evidence (:func:`blame_order`), never by which
+        rank torchrun happened to see exit first: then the earliest, then the lowest rank."""
+        return min(self.failures, key=lambda f: (blame_order(f), f.timestamp, f.rank), default=None)
 
 
-def _collateral(f: WorkerFailure) -> int:
-    """How likely a failure is a consequence rather than the cause (0: most likely cause).
+_PEER_LOST = re.compile(
+    r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|Dist(?:Network|Backend|Store)Error",
+    re.IGNORECASE,
+)
+"""What a rank raises when only its peer went away: the collective's connection broke."""
 
-    A crash signal (SIGSEGV, SIGBUS, SIGABRT...) is a cause. A rank exiting non-zero is often
-    a peer reacting to that crash ("Connection reset by peer"). When one worker fails,
-    torchrun sends SIGTERM to the others (SIGKILL after the grace period), and a trainer
-    that catches SIGTERM exits 75: those ranks are listed as failures too.
+
+def peer_lost(failure: WorkerFailure) -> bool:
+    """The rank exited because a collective's connection broke: it saw a peer die."""
+    said = f"{failure.message}\n{failure.printed or ''}"
+    return failure.signal is None and _PEER_LOST.search(said) is not None
+
+
+PEER_LOST = 3
+""":func:`blame_order` of a rank that only saw its peer's connection break."""
+
+
+def blame_order(f: WorkerFailure) -> int:
+    """How strong the evidence is that ``f`` is the cause rather than a consequence
+    (0: strongest). Ranks' reports arrive in any order; this decides, not the order.
+
+    0. a crash signal (SIGSEGV, SIGBUS, SIGABRT...): the rank died of itself;
+    1. its own exception (an exit code, and not a broken connection);
+    2. SIGKILL: from outside (the OOM killer, ``docker kill``), or from torchrun when a
+       rank outlived the stop grace after another failure; either way the rank died;
+    3. a broken collective ("Connection reset by peer", a gloo/NCCL error): a survivor
+       reacting to a peer's death, never the culprit while the dead peer is listed;
+    4. SIGTERM or exit 75: torchrun stopped the rank once another had failed.
     """
     if f.signal == "SIGTERM" or f.exitcode == EXIT_PREEMPTED:
-        return 3
+        return 4
+    if peer_lost(f):
+        return PEER_LOST
     if f.signal == "SIGKILL":
         return 2
     if f.signal is None:
