@@ -174,16 +174,17 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         )
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
-    elif written.outcome == "preempted" and result.received_signal not in (None, written.signal):
+    elif written.outcome == "preempted" and result.received_signal is not None:
         final = _named_as_received(written, result.received_signal)
     return final
 
 
 def _named_as_received(written: Outcome, sig: str | None) -> Outcome:
-    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT). The
-    outcome names what was sent, and keeps the trainer's account of the stop after it."""
+    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT), which
+    the workers name too (``ups.grace.requested_stop``). The outcome says who received it
+    and how people know it, and keeps the trainer's account of the stop after it."""
     assert sig is not None
-    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGTERM received; "
+    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGINT received; "
     return dataclasses.replace(
         written, signal=sig, reason=f"{received(sig)} by ups launch; {stop or written.reason}"
     )

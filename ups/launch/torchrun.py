@@ -24,6 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from ups.fsio import atomic_write_text
+from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, printed_exception
@@ -167,14 +169,17 @@ def handling_stop_signals(
 
 
 @contextmanager
-def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> Iterator[None]:
+def _forward_signals(
+    proc: subprocess.Popen[bytes], state: dict[str, str], request: Path
+) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
 
     Only the first signal is forwarded: torchrun is then already giving the workers their
     grace period (``--shutdown-timeout``) before SIGKILL; a second signal would cut it short.
     Always SIGTERM, whatever arrived: a worker still importing has no handler yet, and dies
     of SIGTERM quietly where SIGINT would print a KeyboardInterrupt traceback. The signal
-    that arrived is the one the outcome names (``finalize``).
+    that arrived is the one the outcome names (``finalize``), and the workers too: it is
+    written to ``request`` (``ups.grace.STOP_REQUEST_FILE``) before SIGTERM goes out.
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -193,6 +198,8 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
             signal=name,
             forwarded="SIGTERM to torchrun",
         )
+        with suppress(OSError):  # a full disk: the workers then say SIGTERM, nothing worse
+            atomic_write_text(request, name + "\n")
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
@@ -226,6 +233,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     """
     result_path = Path(plan.result_path)
     result_path.unlink(missing_ok=True)
+    request = Path(plan.run_dir) / STOP_REQUEST_FILE
+    request.unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
     cmd = [sys.executable, "-m", "ups.launch.torchrun_child", str(result_path), *plan.torchrun_argv]
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
@@ -249,9 +258,10 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     )
     assert proc.stdout is not None
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
-    with _forward_signals(proc, state), RssSampler() as sampler, rank_logs:
+    with _forward_signals(proc, state, request), RssSampler() as sampler, rank_logs:
         reader.start()
         rc = proc.wait()
+    request.unlink(missing_ok=True)
     if rc < 0:  # the child died by a signal before torchrun handled it (e.g. a SIGTERM
         rc = 128 - rc  # as it started): report it the shell's way, 128 + signum
     sweep()
