@@ -7,6 +7,7 @@ must exit 2 without creating a run directory or starting training.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,7 +18,9 @@ import pytest
 import yaml
 
 from tests.conftest import PYTHON, REPO, parse_events, torchrun, worker_env
-from ups.config import ConfigError, load_config
+from ups.cli.launch import main as launch_main
+from ups.config import ConfigError, ConfigFileError, load_config
+from ups.data.layouts import inspect_task
 from ups.outcome import EXIT_CONFIG
 
 MakeConfig = Callable[..., Path]
@@ -131,6 +134,103 @@ def test_bad_overrides_name_their_key(tmp_path: Path, override: str, expected: s
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, _minimal()), [override], check_files=False)
     assert expected in str(info.value)
+
+
+def _readme_case(root: Path, advection: Path) -> Path:
+    """configs/x.yaml under ``root`` as the README's config-error example has it: the demo
+    config with ``batch_size: 0``, ``epochs`` misspelt and Darcy's file missing."""
+    demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    demo["training"]["batch_size"] = 0
+    demo["training"]["epocs"] = demo["training"].pop("epochs")
+    demo["tasks"][0]["path"] = str(advection)
+    demo["tasks"][1]["path"] = "data/x.h5"
+    (root / "configs").mkdir()
+    path = root / "configs" / "x.yaml"
+    path.write_text(yaml.safe_dump(demo, sort_keys=False))
+    return path
+
+
+def _readme_block() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("```\ninvalid config configs/x.yaml") + len("```\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_readme_config_error_is_what_ups_launch_prints(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tiny_data: dict[str, Path],
+) -> None:
+    """`ups launch configs/x.yaml` with a schema error, a misspelt key and a missing data
+    file reports all three in one paragraph (the typo with the key it meant), exit 2, no
+    run directory: exactly the README's example, which this keeps true."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(tiny_data["advection"], tmp_path / "advection.h5")
+    _readme_case(tmp_path, Path("advection.h5"))
+    assert launch_main(["configs/x.yaml"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err == _readme_block(), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_file_that_does_not_match_its_layout_is_listed_with_the_schema_problems(
+    tmp_path: Path, tiny_data: dict[str, Path]
+) -> None:
+    """A Darcy task pointed at the advection file (the wrong layout) is reported by the
+    same error as an unknown key elsewhere, when the config is checked with the data."""
+    data = {
+        "tasks": [{"name": "darcy", "layout": "darcy_2d", "path": str(tiny_data["advection"])}],
+        "model": {"depht": 2},
+    }
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, data), check_data=inspect_task)
+    problems = info.value.problems
+    assert [p.split(":")[0] for p in problems] == ["model.depht", "tasks.0.path (darcy)"], problems
+    assert "did you mean model.depth?" in problems[0]
+    assert "key 'nu'" in problems[1] and "Check tasks[].layout" in problems[1]
+
+
+def test_an_unknown_key_far_from_any_lists_the_keys_of_its_section(tmp_path: Path) -> None:
+    """No near miss: the keys the section has are listed instead of a guess."""
+    data = {**_minimal(), "wandb": {"colour": "red"}}
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, data), check_files=False)
+    assert info.value.problems == [
+        "wandb.colour: unknown key (the keys of wandb are: mode, project, entity)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: p / "nope.yaml", "cannot read it (No such file or directory). Check the path"),
+        (lambda p: p, "cannot read it (Is a directory). Give the path of a run config YAML"),
+        (lambda p: _text(p, "tasks: [a\n"), "not valid YAML: while parsing"),
+        (lambda p: _text(p, "- a\n- b\n"), "expected a mapping of sections"),
+    ],
+)
+def test_a_config_file_that_cannot_be_read_gets_its_own_message(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    make: Callable[[Path], Path],
+    expected: str,
+) -> None:
+    """A missing, unreadable or unparsable config file is named as a file problem, not
+    as keys to fix; `ups launch` exits 2 with that one paragraph."""
+    path = make(tmp_path)
+    with pytest.raises(ConfigFileError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"config file {path}: ")
+    assert expected in str(info.value) and "Fix the keys" not in str(info.value)
+    assert launch_main([str(path)]) == EXIT_CONFIG
+    assert capsys.readouterr().err.strip() == str(info.value)
+
+
+def _text(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
 
 
 # The real trainer: exit 2 before any process group

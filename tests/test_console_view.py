@@ -73,6 +73,33 @@ def test_view_draws_progress_warnings_and_tables_with_short_numbers() -> None:
     assert "0.123456789" not in seen and "00030000000000000003" not in seen
 
 
+def test_a_stop_is_one_story_without_torchruns_lines_or_warnings() -> None:
+    """Ctrl-C: launch's line and rank 0's "stop requested (SIGINT)" as information, rank
+    1's repeats and torchrun's own log lines left out (launch.log has them), no warning
+    counted, and the live line ends on the step the table shows (5, not the last logged 3)."""
+    stop = [
+        _line("train_start", steps=8, from_step=0),
+        _line("train_step", step=2, **{"train/loss": 0.5}),
+        json.dumps({"event": "stop_signal_received", "level": "warning", "signal": "SIGINT",
+                    "text": "SIGINT (Ctrl-C) received: the workers stop at the next step",
+                    "forwarded": "SIGTERM to torchrun", "node_rank": 0}),
+        "W1125 22:23:31.045000 29738 torch/distributed/elastic/agent/server/api.py:753] "
+        "Received 15 death signal, shutting down workers",
+        _line("preempt_stop", "warning", step=5, signal="SIGINT"),
+        json.dumps({"event": "preempt_stop", "level": "warning", "rank": 1, "step": 5,
+                    "signal": "SIGINT"}),
+        _line("checkpoint_saved", path="/runs/r/checkpoints/step_000005.pt", step=5),
+        _line("outcome", "warning", outcome="preempted", step=5, exit_code=75,
+              reason="SIGINT received; all ranks stopped after step 5"),
+        _line("run_ended", "warning", text="run preempted", outcome="preempted", exit_code=75,
+              reason="SIGINT (Ctrl-C) received by ups launch; all ranks stopped after step 5"),
+    ]  # fmt: skip
+    seen = _draw(stop)
+    assert "api.py" not in seen and "SIGTERM" not in seen and "warning" not in seen, seen
+    assert seen.count("stop requested (SIGINT): all ranks stop after step 5") == 1
+    assert re.findall(r"(\d+/8) +\d+%", seen)[-1] == "5/8" and "5/8, 0 skipped" in seen
+
+
 def test_standalone_trainer_summary_comes_on_close() -> None:
     """Without a launcher (ups-train by hand), the outcome table is printed when the view
     closes at exit."""

@@ -84,7 +84,7 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     result = _deploy(_hosts(tmp_path), tmp_path / "nope.yaml")
     assert result.returncode == 2
     _one_paragraph(result.stderr)
-    assert "nope.yaml" in result.stderr and "cannot read the file" in result.stderr
+    assert "nope.yaml" in result.stderr and "cannot read it" in result.stderr
 
 
 @pytest.mark.slow

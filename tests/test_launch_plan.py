@@ -250,6 +250,62 @@ def test_trainer_failure_gets_the_signal_torchrun_saw(tmp_path: Path) -> None:
     )
 
 
+_GLOO_RESET = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+    "by peer [127.0.0.1]:41022"
+)
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("reversed_order", [False, True])
+@pytest.mark.parametrize("trainer_wrote", [None, "guessed", "unknown"])
+def test_the_killed_rank_is_blamed_whatever_order_the_reports_arrive_in(
+    tmp_path: Path, victim: int, reversed_order: bool, trainer_wrote: str | None
+) -> None:
+    """An outside SIGKILL of ``victim``; its peer saw the connection drop and exited 1 in
+    the same second. Whichever report comes first, whatever the survivor (rank 0, when
+    alive) wrote, the outcome names the victim, SIGKILL, cause rank_signal, and its log."""
+    plan = _plan(tmp_path)
+    run_dir = Path(plan.run_dir)
+    run_dir.mkdir(parents=True)
+    peer = 1 - victim
+    reports = [
+        _failure(victim, exitcode=-9, signal="SIGKILL"),
+        _failure(peer, message=_GLOO_RESET),
+    ]
+    if reversed_order:
+        reports.reverse()
+    if victim == 1 and trainer_wrote is not None:  # rank 0 survived and wrote its outcome
+        write_outcome(run_dir, Outcome(
+            run_id="r", outcome="failed", exit_code=1, cause="peer_died",
+            reason="a peer rank died at step 2 (rank 0 saw: RuntimeError: ...)",
+            # The survivor's guess from the step counters may name itself; or no one.
+            failed_rank=0 if trainer_wrote == "guessed" else None,
+            traceback=str(run_dir / "logs" / "rank0.jsonl") if trainer_wrote == "guessed" else None,
+        ))  # fmt: skip
+    outcome = finalize_outcome(plan, TorchrunResult(rc=1, status="failed", failures=reports))
+    blame = (outcome.failed_rank, outcome.signal, outcome.cause)
+    assert blame == (victim, "SIGKILL", "rank_signal")
+    assert f"rank {victim} died with SIGKILL" in outcome.reason
+    assert outcome.traceback is not None and f"rank{peer}" not in outcome.traceback
+
+
+def test_a_real_exception_beats_a_broken_connection_and_torchruns_cleanup() -> None:
+    """Rank 2 raised; rank 0 saw a broken collective, rank 1 was SIGTERMed by torchrun and
+    rank 3 SIGKILLed after the grace: rank 2 is the cause, whatever the order. A crash
+    signal beats them all."""
+    reports = [
+        _failure(0, message=_GLOO_RESET, timestamp=99),
+        _failure(1, exitcode=-15, signal="SIGTERM", timestamp=98),
+        _failure(2, message="ValueError: bad shape", timestamp=100),
+        _failure(3, exitcode=-9, signal="SIGKILL", timestamp=97),
+    ]
+    for order in (reports, reports[::-1]):
+        assert TorchrunResult(rc=1, status="failed", failures=order).root_cause() == reports[2]
+    crashed = [*reports, _failure(4, exitcode=-7, signal="SIGBUS", timestamp=101)]
+    assert TorchrunResult(rc=1, status="failed", failures=crashed).root_cause().rank == 4  # type: ignore[union-attr]  # not None: failures given
+
+
 def test_output_dir_flag_reaches_the_trainer(
     make_config: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -138,19 +138,18 @@ def test_held_rendezvous_port_fails_preflight_before_torchrun(tmp_path: Path) ->
     assert _torchrun_never_started(out / "mn")
 
 
-def test_truncated_data_file_fails_preflight_before_torchrun(
+def test_truncated_data_file_is_a_config_error_before_anything_starts(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    """A config whose HDF5 file is cut short stops at preflight's data check: non-zero exit,
-    outcome "preflight failed: data", torchrun never started."""
+    """A config whose HDF5 file is cut short is refused with the config's other problems
+    (exit 2, the key and the file named), before preflight: no run directory exists."""
     data = write_advection(tmp_path / "adv.hdf5", n=24, t=11, x=64)
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     config = make_config(tasks=[{"name": "advection", "layout": "single_1d", "path": str(data)}])
     proc = run_launch(str(config), "--run-id", "cut", *FAST_GATE)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    run_dir = tmp_path / "runs" / "cut"
-    assert outcome_of(run_dir)["reason"] == "preflight failed: data"
-    assert _torchrun_never_started(run_dir)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"tasks.0.path (advection): data file {str(data)!r}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "runs" / "cut").exists()
 
 
 def test_sigterm_during_preflight_ends_with_an_outcome(tmp_path: Path) -> None:

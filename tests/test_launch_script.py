@@ -131,28 +131,36 @@ def test_printed_exception_reads_the_last_traceback() -> None:
     assert printed_exception(["W1124 a torch warning", "done"]) is None
 
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 @pytest.mark.slow
 def test_ctrl_c_is_named_sigint_with_one_step_number(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    """SIGINT to `ups launch` (what Ctrl-C sends) during training: exit 75, preempted; the
-    outcome names SIGINT, and its reason, its step and the checkpoint file agree on one
-    step number."""
+    """SIGINT to `ups launch` (what Ctrl-C sends) while the run is held at step 3: exit 75,
+    preempted; the outcome names SIGINT, and its reason, its step and the checkpoint file
+    agree on one step number. The console tells it as one story: SIGINT everywhere (the
+    ranks' lines too, though torchrun forwarded SIGTERM), no torchrun log line (those are
+    in launch.log), no warning counted, and the live line ends on the table's step."""
     config = make_config(training={"epochs": 200, "log_every": 1})
-    proc = subprocess.Popen(
-        launch_cmd(str(config), "--skip-preflight", "--log-format", "json"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env(), cwd=REPO,
-        text=True,
-    )  # fmt: skip
-    try:
-        run_dir = tmp_path / "runs" / "latest"
-        wait_for_event(run_dir / "logs" / "launch.log", "train_step", proc, timeout=180)
-        proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    console = tmp_path / "console.txt"
+    with console.open("w") as out:
+        proc = subprocess.Popen(
+            launch_cmd(str(config), "--skip-preflight", "--log-format", "console"),
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO, text=True,
+            env=worker_env({"COLUMNS": "200", "UPS_FAULTS": "pause@0:3,pause@1:3"}),
+        )  # fmt: skip
+        try:
+            run_dir = tmp_path / "runs" / "latest"
+            log = run_dir / "logs" / "launch.log"
+            wait_for_event(log, "fault_injected", proc, timeout=180)
+            proc.send_signal(signal.SIGINT)
+            rc = proc.wait(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert rc == 75
     outcome = outcome_of(run_dir)
     step = outcome["step"]
@@ -162,3 +170,22 @@ def test_ctrl_c_is_named_sigint_with_one_step_number(
     ), outcome["reason"]
     assert Path(outcome["checkpoint"]).name == f"step_{step:06d}.pt"
     assert "SIGTERM" not in outcome["reason"]
+
+    seen = ANSI.sub("", console.read_text()).replace("\r", "\n")
+    assert (
+        "SIGTERM" not in seen
+        and f"stop requested (SIGINT): all ranks stop after step {step}" in seen
+    )
+    assert "api.py:" not in seen and "api.py:" in log.read_text()  # torchrun's own lines
+    # --skip-preflight and the drill's fault events are the only warnings; the stop adds none.
+    warnings = [line for line in seen.splitlines() if " warning " in f" {line}"]
+    assert all("fault" in line or "preflight skipped" in line for line in warnings), warnings
+    assert f"│ {len(warnings)} warning(s), 0 error(s) above" in seen, seen[-3000:]
+    progress = re.findall(r"(\d+)/(\d+) +\d+%", seen)
+    table = re.search(r"steps +│ (\d+)/(\d+), 0 skipped", seen)
+    assert progress and table, seen[-3000:]
+    assert progress[-1] == table.groups() and int(table[1]) == step, (progress[-3:], table[0])
+    for rank in (0, 1):
+        stops = [e for e in parse_events((run_dir / "logs" / f"rank{rank}.jsonl").read_text())
+                 if e["event"] == "preempt_stop"]  # fmt: skip
+        assert [e["signal"] for e in stops] == ["SIGINT"], rank

@@ -3,13 +3,27 @@ limit, peak RSS per rank), nothing survives, and the same command resumes bit-ex
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
-from tests.lifecycle_helpers import final_model, last_event, outcome, run
+from tests.lifecycle_helpers import (
+    MARKER,
+    assert_no_survivors,
+    final_model,
+    finish,
+    last_event,
+    outcome,
+    run,
+    start,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +66,56 @@ def test_sigkilled_rank_is_explained_and_the_same_command_resumes_bit_exactly(
     assert weights.keys() == reference.keys()
     for name, tensor in reference.items():
         assert torch.equal(weights[name], tensor), f"{name} differs after resume"
+
+
+def _rank_pid(marker: str, rank: int, timeout: float = 120) -> int:
+    """The pid of rank ``rank`` (not one of its loader workers) of the launch carrying
+    ``marker``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in psutil.process_iter(["pid"]):
+            try:
+                env = p.environ()
+                if env.get(MARKER) != marker or env.get("RANK") != str(rank):
+                    continue
+                parent = p.parent()
+                if parent is not None and parent.environ().get("RANK") is None:
+                    return int(p.pid)
+            except psutil.Error:
+                continue
+        time.sleep(0.2)  # waiting for torchrun to start its workers
+    raise AssertionError(f"rank {rank} never started")
+
+
+KILLS_PER_RANK = int(os.environ.get("UPS_TEST_KILLS_PER_RANK", "2"))
+"""Outside SIGKILLs per victim rank (each launch costs ~10 s): each used to name the
+wrong rank now and then; set the variable higher to hunt for a rare order."""
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_an_outside_sigkill_blames_the_killed_rank_every_time(
+    make_config: Callable[..., Path], tmp_path: Path, victim: int
+) -> None:
+    """The victim is held at step 2 (a ``pause``) while its peer waits for it in the
+    step's all-reduce; a SIGKILL from outside (what the OOM killer sends) ends it, and the
+    peer sees its connection drop at once, racing torchrun to report. Each time, the
+    outcome names the victim and SIGKILL, never the peer that only lost its connection."""
+    cfg = make_config(training={"max_steps": 4}, checkpoint={"every_steps": 100})
+    wrong = []
+    for attempt in range(KILLS_PER_RANK):
+        marker = f"{tmp_path}-{attempt}"
+        run_id = f"kill{victim}-{attempt}"
+        proc = start(marker, str(cfg), "--skip-preflight", "--run-id", run_id,
+                     env={"UPS_FAULTS": f"pause@{victim}:2"})  # fmt: skip
+        run_dir = tmp_path / "runs" / run_id
+        wait_for(run_dir / "logs" / "launch.log", proc, 180, event="fault_injected", kind="pause")
+        os.kill(_rank_pid(marker, victim), signal.SIGKILL)
+        out = finish(proc, timeout=120)
+        assert proc.returncode == 1, out[-3000:]
+        assert_no_survivors(marker)
+        got = outcome(run_dir)
+        blame = (got["failed_rank"], got["signal"], got["cause"])
+        named = f"rank {victim} died" in got["reason"]
+        if blame != (victim, "SIGKILL", "rank_signal") or not named:
+            wrong.append(f"kill {attempt}: {blame}: {got['reason']}")
+    assert not wrong, f"{len(wrong)} of {KILLS_PER_RANK} kills of rank {victim} blamed: {wrong}"

@@ -17,6 +17,8 @@ checks that they agree with these numbers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 DEFAULT_STOP_GRACE_S = 120
 """``distributed.stop_grace_s``'s default (the schema imports it)."""
 LAUNCH_MARGIN_S = 20
@@ -42,3 +44,20 @@ def stop_wait_s(stop_grace_s: float = DEFAULT_STOP_GRACE_S) -> int:
 
 STOP_WAIT_S = float(stop_wait_s())
 """``fab stop``'s default wait, for the default grace."""
+
+
+STOP_REQUEST_FILE = "stop_request"
+"""In the run directory while a stop is under way: the signal a person or an agent sent
+``ups launch`` (``SIGINT`` for Ctrl-C). Launch writes it before it forwards its one
+SIGTERM, so the workers name the stop as it was sent, not as it was forwarded."""
+
+
+def requested_stop(run_dir: str | None) -> str | None:
+    """The signal named in ``run_dir``'s stop request, or None (no request, no run dir)."""
+    if not run_dir:
+        return None
+    try:
+        name = (Path(run_dir) / STOP_REQUEST_FILE).read_text().strip()
+    except OSError:
+        return None
+    return name if name.startswith("SIG") and name[3:].isalpha() else None

@@ -175,12 +175,15 @@ def main(argv: list[str]) -> int:
             fresh=args.fresh,
             max_restarts=args.max_restarts,
         )
-        # Every problem the config check can see (a missing data file or cache directory
-        # included) is a config error now, before a run directory exists or `latest` moves;
-        # preflight is for what needs the files opened or the host probed.
+        # Every problem the config check can see (the schema's, a missing data file, a
+        # file that does not match its layout, a missing cache directory) is a config error
+        # now, all in one report, before a run directory exists or `latest` moves;
+        # preflight is for what needs the host probed.
         cfg: Config | None = None
         if req.config_path is not None:
-            cfg = load_config(req.config_path, req.overrides)
+            from ups.data.layouts import inspect_task  # h5py, not torch
+
+            cfg = load_config(req.config_path, req.overrides, check_data=inspect_task)
         from ups.launch.ports import reserve_port
         from ups.preflight import select_checks
 

@@ -1,6 +1,7 @@
 """Typed run configuration: one YAML file per run, validated before anything starts."""
 
-from ups.config.load import ConfigError, load_config, parse_overrides
+from ups.config.checks import DataCheck
+from ups.config.load import ConfigError, ConfigFileError, load_config, parse_overrides
 from ups.config.schema import (
     CacheConfig,
     CheckpointConfig,
@@ -19,6 +20,8 @@ __all__ = [
     "CheckpointConfig",
     "Config",
     "ConfigError",
+    "ConfigFileError",
+    "DataCheck",
     "DistributedConfig",
     "FaultConfig",
     "ModelConfig",

@@ -14,20 +14,30 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ups.config.checks import DataCheck, file_problems, unknown_key
 from ups.config.schema import Config
+
+_FIX_KEYS = "Fix the keys above in the YAML file or the --set overrides and run again."
 
 
 class ConfigError(ValueError):
     """The run config is invalid; the message lists every problem with its key path."""
 
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
+    def __init__(self, source: str, problems: Sequence[str], fix: str = _FIX_KEYS) -> None:
         self.source = source
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(
-            f"invalid config {source}: {len(self.problems)} problem(s)\n{lines}\n"
-            "Fix the keys above in the YAML file or the --set overrides and run again."
-        )
+        count = f"{len(self.problems)} problem(s)"
+        super().__init__(f"invalid config {source}: {count}\n{lines}\n{fix}")
+
+
+class ConfigFileError(ConfigError):
+    """The config file itself cannot be read or parsed: no key is wrong yet."""
+
+    def __init__(self, source: str, problem: str, fix: str) -> None:
+        self.source = source
+        self.problems = [problem]
+        ValueError.__init__(self, f"config file {source}: {problem}. {fix}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -95,7 +105,7 @@ def _format_errors(err: ValidationError) -> list[str]:
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling against ups/config/schema.py)"
+            msg = unknown_key(e["loc"])
         elif e["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
         elif "input" in e and e["type"] != "missing":
@@ -105,51 +115,60 @@ def _format_errors(err: ValidationError) -> list[str]:
     return problems
 
 
-def _semantic_problems(cfg: Config, check_files: bool) -> list[str]:
-    problems = []
-    seen: set[str] = set()
-    for i, task in enumerate(cfg.tasks):
-        if task.name in seen:
-            problems.append(f"tasks.{i}.name: duplicate task name {task.name!r}")
-        seen.add(task.name)
-        if check_files and not task.path.is_file():
-            problems.append(
-                f"tasks.{i}.path: data file {str(task.path)!r} does not exist "
-                "(run `ups data synth` for the demo data, or fix the path)"
-            )
-    if cfg.cache.enabled and check_files and not cfg.cache.dir.is_dir():
-        problems.append(
-            f"cache.dir: cache directory {str(cfg.cache.dir)!r} does not exist "
-            "(build it with `ups cache build CONFIG` or set cache.enabled=false)"
-        )
-    return problems
-
-
-def load_config(
-    path: str | Path, overrides: Iterable[str] = (), *, check_files: bool = True
-) -> Config:
-    """Read, override and validate a run config. Raises :class:`ConfigError`."""
+def _read(path: str | Path) -> dict[str, Any]:
+    """The file's YAML mapping. Raises :class:`ConfigFileError`."""
     source = str(path)
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(source, [f"cannot read the file: {exc.strerror}"]) from None
+        why = exc.strerror or type(exc).__name__
+        if isinstance(exc, FileNotFoundError):
+            fix = "Check the path; the shipped run configs are in configs/ (configs/demo.yaml)."
+        elif isinstance(exc, IsADirectoryError):
+            fix = "Give the path of a run config YAML file in it, e.g. configs/demo.yaml."
+        else:
+            fix = "Make it readable by this user, or copy it somewhere that is."
+        raise ConfigFileError(source, f"cannot read it ({why})", fix) from None
     try:
         data = _yaml_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(source, [f"not valid YAML: {exc}"]) from None
+        raise ConfigFileError(
+            source, f"not valid YAML: {' '.join(str(exc).split())}", "Fix the syntax there."
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(source, ["(top level): expected a mapping of sections"])
+        raise ConfigFileError(
+            source,
+            f"expected a mapping of sections (run:, tasks:, training: ...), got a "
+            f"{type(data).__name__}",
+            "See configs/demo.yaml for the shape of a run config.",
+        )
+    return data
+
+
+def load_config(
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    *,
+    check_files: bool = True,
+    check_data: DataCheck | None = None,
+) -> Config:
+    """Read, override and validate a run config. Raises :class:`ConfigError` listing every
+    problem: bad overrides, the schema's, and (``check_files``) the data files and the
+    cache directory, whatever else is wrong; ``check_data`` also opens each data file that
+    exists and checks it against its layout."""
+    source = str(path)
+    data = _read(path)
     problems = [p for key, value in parse_overrides(overrides) if (p := _apply(data, key, value))]
     if problems:
         raise ConfigError(source, problems)
+    cfg: Config | None = None
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(source, _format_errors(err)) from None
-    problems = _semantic_problems(cfg, check_files)
-    if problems:
+        problems = _format_errors(err)
+    problems += file_problems(data, check_files=check_files, check_data=check_data)
+    if problems or cfg is None:
         raise ConfigError(source, problems)
     return cfg

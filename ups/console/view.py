@@ -8,6 +8,7 @@ never decides what is logged: it only renders.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any, TextIO
 
@@ -31,6 +32,15 @@ from ups.console.tables import eval_table, outcome_table
 
 QUIET_EVENTS = frozenset({"preflight_check", "preflight_done"})
 """Shown as the preflight table that follows them, not one line per check."""
+STOP_EVENTS = frozenset({"stop_signal_received", "stop_signal_repeated", "preempt_stop"})
+"""A requested stop telling its own story (launch got the signal, the ranks stop at a
+step): shown as information, never counted as a warning; the table says how it ended."""
+TABLE_EVENTS = frozenset({"outcome", "run_ended"})
+"""What the outcome table shows: never counted as a warning or an error "above" it."""
+AGENT_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
+"""torchrun's own log lines (``W1125 22:23:31.045000 29738 .../api.py:753] Received 15
+death signal``): launch.log keeps them; on a person's console they would only repeat,
+in torch's words, what launch's own lines and the outcome table say."""
 
 
 class _GuardedStream:
@@ -130,6 +140,8 @@ class ConsoleView:
             self._write_plain(render_line(line))
             return
         event = parse_event(line)
+        if event is None and AGENT_LINE.match(line):
+            return
         with self._lock:
             if event is None:
                 # torchrun and NCCL may colour their own lines: keep, not garble, those codes.
@@ -169,9 +181,12 @@ class ConsoleView:
     def _handle(self, event: dict[str, Any]) -> None:
         name = str(event.get("event", ""))
         level = str(event.get("level", "info"))
-        if level == "warning":
+        if name in STOP_EVENTS:
+            self._stop_story(event)
+            return
+        if name not in TABLE_EVENTS and level == "warning":
             self._warnings += 1
-        elif level in ("error", "critical"):
+        elif name not in TABLE_EVENTS and level in ("error", "critical"):
             self._errors += 1
         if name in QUIET_EVENTS and level == "info":
             return
@@ -182,7 +197,7 @@ class ConsoleView:
         elif name == "checkpoint_saved" and self._progress is not None:
             self._checkpoint = str(event.get("path"))
             self._checkpoint_step = event.get("step")
-            self._refresh()
+            self._reached(event.get("step"))
         elif name == "step_skipped":
             self._skipped += 1
             self._refresh()
@@ -191,14 +206,40 @@ class ConsoleView:
             self._stop()
             self.console.print(eval_table(event))
         elif name == "outcome":
+            if event.get("rank", 0) != 0:
+                if event.get("outcome") != "preempted":  # the stop: rank 0 says it for all
+                    self.console.print(event_text(event))
+                return
             self._outcome = {**event, "checkpoint": self._checkpoint}
-            if level != "info":
+            self._reached(event.get("step"))
+            if level == "error":  # a preempted run's reason is the table's first row
                 self.console.print(event_text(event))
         elif name == "run_ended":
             self._stop()
             self._summary({**(self._outcome or {}), **event})
         else:
             self.console.print(event_text(event))
+
+    def _stop_story(self, event: dict[str, Any]) -> None:
+        """One line per stop, as information: launch's, then rank 0's step (every rank
+        stops at the same one, so the others' lines would only repeat it)."""
+        if event.get("rank", 0) != 0:
+            return
+        # The sentence names the signal as sent; how launch passed it on is in launch.log.
+        shown = {k: v for k, v in event.items() if k not in ("signal", "forwarded")}
+        shown["level"] = "info"
+        if event.get("event") == "preempt_stop":
+            step, sig = shown.pop("step", None), event.get("signal")
+            self._reached(step)
+            shown["text"] = f"stop requested ({sig}): all ranks stop after step {step}"
+        self.console.print(event_text(shown))
+
+    def _reached(self, step: Any) -> None:
+        """The steps done as a stop, a checkpoint or the outcome reports them: the live
+        line ends on the step the table shows, even between two logged steps."""
+        if isinstance(step, int) and step > self._done:
+            self._done = step
+        self._refresh()
 
     def _start(self, event: dict[str, Any]) -> None:
         self._stop()

@@ -14,7 +14,7 @@ from typing import Any
 
 from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.torchrun import TorchrunResult, WorkerFailure, received
+from ups.launch.torchrun import PEER_LOST, TorchrunResult, WorkerFailure, blame_order, received
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -138,7 +138,9 @@ def _explain_kill(
     killed = [f for f in result.failures if f.signal == "SIGKILL"]
     if not killed or before is None or outcome.outcome != "failed":
         return outcome
-    victim = next((f for f in killed if f.rank == outcome.failed_rank), killed[0])
+    victim = next((f for f in killed if f.rank == outcome.failed_rank), None)
+    if victim is None:  # the blamed rank died otherwise; torchrun's SIGKILL was the cleanup
+        return outcome
     pids = {f.pid for f in killed if f.pid is not None}
     memory = explain_sigkill(
         before, snapshot(), result.peak_rss, victim.rank, kernel_log_oom_kills(pids)
@@ -172,16 +174,17 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         )
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
-    elif written.outcome == "preempted" and result.received_signal not in (None, written.signal):
+    elif written.outcome == "preempted" and result.received_signal is not None:
         final = _named_as_received(written, result.received_signal)
     return final
 
 
 def _named_as_received(written: Outcome, sig: str | None) -> Outcome:
-    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT). The
-    outcome names what was sent, and keeps the trainer's account of the stop after it."""
+    """The workers got launch's SIGTERM; the person sent ``sig`` (Ctrl-C: SIGINT), which
+    the workers name too (``ups.grace.requested_stop``). The outcome says who received it
+    and how people know it, and keeps the trainer's account of the stop after it."""
     assert sig is not None
-    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGTERM received; "
+    _, _, stop = written.reason.partition(" received; ")  # the trainer's "SIGINT received; "
     return dataclasses.replace(
         written, signal=sig, reason=f"{received(sig)} by ups launch; {stop or written.reason}"
     )
@@ -200,7 +203,7 @@ def _amend_failed(
 
     The trainer's surviving rank knows that a peer died, rarely which one or of what.
     """
-    rank = cause.rank if written.failed_rank is None else written.failed_rank
+    rank = _blamed_rank(written, cause)
     failure = result.failure_of(rank) or cause
     changes: dict[str, Any] = {}
     if written.exit_code in _TRAINER_CODES or written.cause in _AGREED_CAUSES:
@@ -208,20 +211,31 @@ def _amend_failed(
         # loss, a failed save, too many skips): the reason is complete. How torchrun then
         # tore the others down (SIGTERM to the slower rank) would only mislead.
         return written
-    if written.failed_rank is None:
-        changes["failed_rank"] = failure.rank
-    if written.signal is None and failure.signal:
+    if written.failed_rank != rank:
+        changes["failed_rank"] = rank
+        changes["traceback"] = _traceback_location(plan, failure)
+    if written.signal is None and failure.signal and failure.rank == rank:
         changes["signal"] = failure.signal
         changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
-    if written.cause == "peer_died":
+    if written.cause == "peer_died" and blame_order(failure) < PEER_LOST:
         # The survivor saw only a broken connection; torchrun saw how the peer ended.
-        if failure.signal or failure.rank != 0:
-            changes["cause"] = _cause_of(failure)
-        if changes.get("cause") == LOADER_DIED:
+        changes["cause"] = _cause_of(failure)
+        if changes["cause"] == LOADER_DIED:
             changes["reason"] = f"{written.reason}; torchrun: {_describe(failure)}"
-    if written.traceback is None:
+    if written.traceback is None and "traceback" not in changes:
         changes["traceback"] = _traceback_location(plan, failure)
     return dataclasses.replace(written, **changes) if changes else written
+
+
+def _blamed_rank(written: Outcome, cause: WorkerFailure) -> int:
+    """The trainer's rank, unless it only guessed: a survivor that saw a peer's connection
+    drop ("peer_died") names no rank, or the first that had not reached the step, while
+    torchrun knows which rank died and of what."""
+    if written.failed_rank is None:
+        return cause.rank
+    if written.cause == "peer_died" and blame_order(cause) < PEER_LOST:
+        return cause.rank
+    return written.failed_rank
 
 
 def _cause_of(failure: WorkerFailure) -> str:

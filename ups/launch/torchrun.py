@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from ups.fsio import atomic_write_text
+from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, printed_exception
@@ -69,20 +72,44 @@ class TorchrunResult:
         return next((f for f in self.failures if f.rank == rank), None)
 
     def root_cause(self) -> WorkerFailure | None:
-        """The failure that started it: not a rank the agent stopped, then the earliest."""
-        return min(self.failures, key=lambda f: (_collateral(f), f.timestamp, f.rank), default=None)
+        """The failure that started it, by evidence (:func:`blame_order`), never by which
+        rank torchrun happened to see exit first: then the earliest, then the lowest rank."""
+        return min(self.failures, key=lambda f: (blame_order(f), f.timestamp, f.rank), default=None)
 
 
-def _collateral(f: WorkerFailure) -> int:
-    """How likely a failure is a consequence rather than the cause (0: most likely cause).
+_PEER_LOST = re.compile(
+    r"gloo|nccl|connection (?:reset|closed|refused)|broken pipe|Dist(?:Network|Backend|Store)Error",
+    re.IGNORECASE,
+)
+"""What a rank raises when only its peer went away: the collective's connection broke."""
 
-    A crash signal (SIGSEGV, SIGBUS, SIGABRT...) is a cause. A rank exiting non-zero is often
-    a peer reacting to that crash ("Connection reset by peer"). When one worker fails,
-    torchrun sends SIGTERM to the others (SIGKILL after the grace period), and a trainer
-    that catches SIGTERM exits 75: those ranks are listed as failures too.
+
+def peer_lost(failure: WorkerFailure) -> bool:
+    """The rank exited because a collective's connection broke: it saw a peer die."""
+    said = f"{failure.message}\n{failure.printed or ''}"
+    return failure.signal is None and _PEER_LOST.search(said) is not None
+
+
+PEER_LOST = 3
+""":func:`blame_order` of a rank that only saw its peer's connection break."""
+
+
+def blame_order(f: WorkerFailure) -> int:
+    """How strong the evidence is that ``f`` is the cause rather than a consequence
+    (0: strongest). Ranks' reports arrive in any order; this decides, not the order.
+
+    0. a crash signal (SIGSEGV, SIGBUS, SIGABRT...): the rank died of itself;
+    1. its own exception (an exit code, and not a broken connection);
+    2. SIGKILL: from outside (the OOM killer, ``docker kill``), or from torchrun when a
+       rank outlived the stop grace after another failure; either way the rank died;
+    3. a broken collective ("Connection reset by peer", a gloo/NCCL error): a survivor
+       reacting to a peer's death, never the culprit while the dead peer is listed;
+    4. SIGTERM or exit 75: torchrun stopped the rank once another had failed.
     """
     if f.signal == "SIGTERM" or f.exitcode == EXIT_PREEMPTED:
-        return 3
+        return 4
+    if peer_lost(f):
+        return PEER_LOST
     if f.signal == "SIGKILL":
         return 2
     if f.signal is None:
@@ -142,14 +169,17 @@ def handling_stop_signals(
 
 
 @contextmanager
-def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> Iterator[None]:
+def _forward_signals(
+    proc: subprocess.Popen[bytes], state: dict[str, str], request: Path
+) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
 
     Only the first signal is forwarded: torchrun is then already giving the workers their
     grace period (``--shutdown-timeout``) before SIGKILL; a second signal would cut it short.
     Always SIGTERM, whatever arrived: a worker still importing has no handler yet, and dies
     of SIGTERM quietly where SIGINT would print a KeyboardInterrupt traceback. The signal
-    that arrived is the one the outcome names (``finalize``).
+    that arrived is the one the outcome names (``finalize``), and the workers too: it is
+    written to ``request`` (``ups.grace.STOP_REQUEST_FILE``) before SIGTERM goes out.
     """
 
     def handler(signum: int, _frame: FrameType | None) -> None:
@@ -168,6 +198,8 @@ def _forward_signals(proc: subprocess.Popen[bytes], state: dict[str, str]) -> It
             signal=name,
             forwarded="SIGTERM to torchrun",
         )
+        with suppress(OSError):  # a full disk: the workers then say SIGTERM, nothing worse
+            atomic_write_text(request, name + "\n")
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
 
@@ -201,6 +233,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     """
     result_path = Path(plan.result_path)
     result_path.unlink(missing_ok=True)
+    request = Path(plan.run_dir) / STOP_REQUEST_FILE
+    request.unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
     cmd = [sys.executable, "-m", "ups.launch.torchrun_child", str(result_path), *plan.torchrun_argv]
     env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
@@ -224,9 +258,10 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     )
     assert proc.stdout is not None
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
-    with _forward_signals(proc, state), RssSampler() as sampler, rank_logs:
+    with _forward_signals(proc, state, request), RssSampler() as sampler, rank_logs:
         reader.start()
         rc = proc.wait()
+    request.unlink(missing_ok=True)
     if rc < 0:  # the child died by a signal before torchrun handled it (e.g. a SIGTERM
         rc = 128 - rc  # as it started): report it the shell's way, 128 + signum
     sweep()

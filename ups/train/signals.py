@@ -1,14 +1,19 @@
 """SIGTERM (docker stop, Vast preemption, torchrun forwarding) becomes a flag, not an exit.
 
 The flag is read at the next per-step agreement, so every rank stops at the same step
-and rank 0 can write a checkpoint before the process ends.
+and rank 0 can write a checkpoint before the process ends. Under ``ups launch`` the
+signal is named as it was sent to launch (Ctrl-C: SIGINT, ``ups.grace.requested_stop``),
+not as torchrun forwarded it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
+
+from ups.grace import requested_stop
 
 
 class StopFlag:
@@ -20,7 +25,8 @@ class StopFlag:
         return self._event.is_set()
 
     def _handler(self, signum: int, _frame: FrameType | None) -> None:
-        self.signal_name = signal.Signals(signum).name
+        sent = requested_stop(os.environ.get("UPS_RUN_DIR"))
+        self.signal_name = sent or signal.Signals(signum).name
         self._event.set()
 
     def install(self) -> StopFlag:
