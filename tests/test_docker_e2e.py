@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -166,7 +167,8 @@ def project(image: str, demo_data: Path, tmp_path: Path) -> Iterator[Project]:
 
 
 def test_image_runs_torch_and_a_two_process_gloo_torchrun(image: str, tmp_path: Path) -> None:
-    """Inside the image, as the non-root user, torchrun starts 2 gloo ranks that all-reduce."""
+    """Inside the image, as the non-root user, torchrun starts 2 gloo ranks that all-reduce;
+    its labels carry the pins and a real commit, and its size is what the README quotes."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, torch, torch.distributed as dist\n"
@@ -208,6 +210,14 @@ def test_image_runs_torch_and_a_two_process_gloo_torchrun(image: str, tmp_path: 
     known = subprocess.run(["git", "cat-file", "-e", f"{revision}^{{commit}}"], cwd=ROOT)
     assert known.returncode == 0, f"label names no commit of this repo: {revision}"
     assert labels["io.ups.pins.torch"] == "2.13.0"
+    assert labels["io.ups.pins.python"] == "3.11"  # the CPU base's, pins.toml [image.cpu]
+
+    # The size the README quotes is this image's (scripts/readme-image.py rewrites it).
+    size = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/readme-image.py"), "--check", "--image", image],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert size.returncode == 0, size.stderr
 
 
 def test_a_base_that_differs_from_pins_toml_stops_the_build(image: str, tmp_path: Path) -> None:
