@@ -53,11 +53,12 @@ build() {  # build TAG BASE CUDA PYTHON TORCH_BUILD
     local start=$SECONDS out
     log "building $1 FROM $2"
     # Not --quiet: when docker/check_base.py stops the build, its lines are the message.
-    if ! out=$(DOCKER_BUILDKIT=0 docker build "${common_args[@]}" --build-arg "BASE_IMAGE=$2" \
+    if ! out=$(DOCKER_BUILDKIT=0 docker build --force-rm "${common_args[@]}" --build-arg "BASE_IMAGE=$2" \
             --build-arg "CUDA_VERSION=$3" --build-arg "PYTHON_VERSION=$4" \
             --build-arg "TORCH_BUILD=$5" -t "$1" . 2>&1); then
         printf '%s\n' "$out" | sed 's/\x1b\[[0-9;]*m//g' \
-            | grep -v '^ ---> \|^Removing intermediate\|^Sending build' | tail -n 25 >&2
+            | grep -v '^ ---> \|^Removing intermediate\|^Sending build\|^DEPRECATED\|^  *BuildKit\|^  *environment-var\|^$' \
+            | tail -n 25 >&2
         log "building $1 failed (the lines above say why)"
         exit 1
     fi
