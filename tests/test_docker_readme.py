@@ -184,18 +184,20 @@ def test_readme_up_runs_beside_other_runs_and_exits_with_its_own_code(clone: Clo
     faults = [{"kind": "exception", "rank": 1, "step": 3}]
     good_env = clone.env(UPS_CONFIG=clone.config("good"))
     bad_env = clone.env(UPS_CONFIG=clone.config("bad", faults=faults))
+    envs = {**held, "good": good_env, "bad": bad_env}
     procs = {name: clone.start("up", env) for name, env in held.items()}
     try:
         deadline = time.monotonic() + 600
         while not all(_paused(clone, env["UPS_RUN_ID"]) for env in held.values()):
-            for name, proc in procs.items():
+            for name, proc in procs.items():  # the held runs only, so far
                 assert proc.poll() is None, f"{name} ended: {proc.communicate()[0][-3000:]}"
             assert time.monotonic() < deadline, "the held runs never reached their pause"
             time.sleep(1)
         before = {name: _train_container(clone, env) for name, env in held.items()}
         assert all(c.split()[1] == "true" for c in before.values()), before
 
-        good, bad = clone.start("up", good_env), clone.start("up", bad_env)
+        good = procs["good"] = clone.start("up", good_env)
+        bad = procs["bad"] = clone.start("up", bad_env)
         good_out, _ = good.communicate(timeout=600)
         bad_out, _ = bad.communicate(timeout=600)
         assert good.returncode == 0, good_out[-4000:]
@@ -222,11 +224,10 @@ def test_readme_up_runs_beside_other_runs_and_exits_with_its_own_code(clone: Clo
         assert procs["held-b"].returncode == 75, out_b[-3000:]
         assert clone.outcome(out_b)["run_id"] == held["held-b"]["UPS_RUN_ID"]
     finally:
-        for name, proc in procs.items():
+        for proc in procs.values():
             proc.kill()
             proc.wait(timeout=30)
-            clone.compose(held[name], "down --remove-orphans --timeout 5")
-        for env in (good_env, bad_env):
+        for env in envs.values():
             clone.compose(env, "down --remove-orphans --timeout 5")
 
 
