@@ -5,12 +5,16 @@
 #   GPU (default base):  docker build -t ups:gpu .
 #   CPU (local base):    docker build --build-arg BASE_IMAGE=ups-base-cpu:... -t ups:cpu .
 #
-# The base must provide `python` (3.11) with torch on PATH: the official image does
-# (/opt/conda), and so does the CPU stand-in from docker/base-cpu.sh (/opt/venv).
+# The base must provide `python` with torch on PATH: the official image does (/opt/conda,
+# Python 3.12), and so does the CPU stand-in from docker/base-cpu.sh (/opt/venv, 3.11). The
+# first RUN checks its versions against pins.toml and stops the build when they differ.
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime@sha256:db80a41f8428644cebcb3d75b0b62df334ab6c0e75785951eb25f48bfbd42407
 FROM ${BASE_IMAGE}
 
 ARG UPS_UID=1000
+# cuda: the base must hold a CUDA build of torch with pins.toml's CUDA, cuDNN and NCCL;
+# cpu: a CPU build (scripts/build-images.sh passes it for ups:cpu).
+ARG TORCH_BUILD=cuda
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -34,19 +38,20 @@ RUN if getent passwd "${UPS_UID}" >/dev/null; then \
 
 WORKDIR /app
 
-# Dependencies layer: changes only when pyproject.toml or the lock changes. Empty stub
-# packages let pip resolve the project's dependencies before the source is copied.
-COPY pyproject.toml docker/requirements.lock ./
-RUN mkdir -p ups \
-    && touch ups/__init__.py \
-    && python -m pip install --constraint requirements.lock . \
-    && python -m pip uninstall --yes ups \
-    && rm -rf ups build ./*.egg-info \
-    && python -c "import torch; print('torch', torch.__version__)"
+# The base holds what pins.toml names (Python, torch, CUDA, cuDNN, NCCL), or the build
+# stops here naming both versions of each difference (docker/check_base.py).
+COPY pins.toml docker/check_base.py ./
+RUN python check_base.py pins.toml "${TORCH_BUILD}" && rm check_base.py
+
+# Dependencies layer: changes only when the lock changes. The lock (docker/lock.sh: uv,
+# every Python the images use, with hashes) holds ups's dependencies except torch, which
+# the base has; pip installs exactly those files, or fails.
+COPY docker/requirements.lock ./
+RUN python -m pip install --require-hashes -r requirements.lock
 
 # Source layers: a one-line change in ups/ rebuilds only these small layers.
 COPY configs/ configs/
-COPY pins.toml ./
+COPY pyproject.toml ./
 COPY ups/ ups/
 COPY docker/entrypoint.sh /usr/local/bin/ups-entrypoint
 RUN python -m pip install --no-deps --no-build-isolation . \
@@ -63,7 +68,7 @@ ARG TORCH_VERSION=2.13.0
 ARG CUDA_VERSION=13.0
 ARG CUDNN_VERSION=9
 ARG NCCL_VERSION=2
-ARG PYTHON_VERSION=3.11
+ARG PYTHON_VERSION=3.12
 
 LABEL org.opencontainers.image.title="ups" \
       org.opencontainers.image.description="Containerized PyTorch DDP job runner for PDE surrogate models" \

@@ -33,6 +33,7 @@ v, img = p["versions"], p["image"]
 ref = f'{img["base"]}:{img["tag"]}' + (f'@{img["digest"]}' if img.get("digest") else "")
 for k in ("python", "torch", "cuda", "cudnn", "nccl"):
     print(f"{k.upper()}_VERSION={v[k]}")
+print(f"CPU_PYTHON_VERSION={img['cpu']['python']}")
 print(f"GPU_BASE={ref}")
 EOF
 )
@@ -46,14 +47,22 @@ common_args=(
     --build-arg "TORCH_VERSION=$TORCH_VERSION"
     --build-arg "CUDNN_VERSION=$CUDNN_VERSION"
     --build-arg "NCCL_VERSION=$NCCL_VERSION"
-    --build-arg "PYTHON_VERSION=$PYTHON_VERSION"
 )
 
-build() {  # build TAG BASE CUDA
-    local start=$SECONDS
+build() {  # build TAG BASE CUDA PYTHON TORCH_BUILD
+    local start=$SECONDS out
     log "building $1 FROM $2"
-    DOCKER_BUILDKIT=0 docker build --quiet "${common_args[@]}" \
-        --build-arg "BASE_IMAGE=$2" --build-arg "CUDA_VERSION=$3" -t "$1" . >/dev/null
+    # Not --quiet: when docker/check_base.py stops the build, its lines are the message.
+    if ! out=$(DOCKER_BUILDKIT=0 docker build --force-rm "${common_args[@]}" --build-arg "BASE_IMAGE=$2" \
+            --build-arg "CUDA_VERSION=$3" --build-arg "PYTHON_VERSION=$4" \
+            --build-arg "TORCH_BUILD=$5" -t "$1" . 2>&1); then
+        printf '%s\n' "$out" | sed 's/\x1b\[[0-9;]*m//g' \
+            | grep -v '^ ---> \|^Removing intermediate\|^Sending build\|^DEPRECATED\|^  *BuildKit\|^  *environment-var\|^$' \
+            | tail -n 25 >&2
+        log "building $1 failed (the lines above say why)"
+        exit 1
+    fi
+    printf '%s\n' "$out" | grep -o 'check_base: .*' | sed 's/\x1b\[[0-9;]*m//g' >&2 || true
     log "built $1 in $((SECONDS - start))s ($(docker image inspect -f '{{.Size}}' "$1") bytes)"
 }
 
@@ -73,20 +82,22 @@ done
 if [ "$args_only" = 1 ]; then  # KEY=VALUE lines, as docker/build-push-action's build-args
     printf '%s\n' "${common_args[@]}" | grep -E '^[A-Z_]+=' || true
     if [ "$gpu" = 1 ]; then
-        printf 'BASE_IMAGE=%s\nCUDA_VERSION=%s\n' "$GPU_BASE" "$CUDA_VERSION"
+        printf 'BASE_IMAGE=%s\nCUDA_VERSION=%s\nPYTHON_VERSION=%s\nTORCH_BUILD=cuda\n' \
+            "$GPU_BASE" "$CUDA_VERSION" "$PYTHON_VERSION"
     else
-        printf 'BASE_IMAGE=%s\nCUDA_VERSION=none\n' "$BASE_CPU"
+        printf 'BASE_IMAGE=%s\nCUDA_VERSION=none\nPYTHON_VERSION=%s\nTORCH_BUILD=cpu\n' \
+            "$BASE_CPU" "$CPU_PYTHON_VERSION"
     fi
     exit 0
 fi
 
 if [ "$gpu" = 1 ]; then
     image=$IMAGE_GPU
-    build "$IMAGE_GPU" "$GPU_BASE" "$CUDA_VERSION"
+    build "$IMAGE_GPU" "$GPU_BASE" "$CUDA_VERSION" "$PYTHON_VERSION" cuda
 else
     image=$IMAGE_CPU
     "$ROOT/docker/base-cpu.sh"
-    build "$IMAGE_CPU" "$BASE_CPU" "none"
+    build "$IMAGE_CPU" "$BASE_CPU" none "$CPU_PYTHON_VERSION" cpu
 fi
 
 if [ -n "$push" ]; then

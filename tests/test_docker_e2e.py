@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -165,7 +167,8 @@ def project(image: str, demo_data: Path, tmp_path: Path) -> Iterator[Project]:
 
 
 def test_image_runs_torch_and_a_two_process_gloo_torchrun(image: str, tmp_path: Path) -> None:
-    """Inside the image, as the non-root user, torchrun starts 2 gloo ranks that all-reduce."""
+    """Inside the image, as the non-root user, torchrun starts 2 gloo ranks that all-reduce;
+    its labels carry the pins and a real commit, and its size is what the README quotes."""
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os, torch, torch.distributed as dist\n"
@@ -207,6 +210,44 @@ def test_image_runs_torch_and_a_two_process_gloo_torchrun(image: str, tmp_path: 
     known = subprocess.run(["git", "cat-file", "-e", f"{revision}^{{commit}}"], cwd=ROOT)
     assert known.returncode == 0, f"label names no commit of this repo: {revision}"
     assert labels["io.ups.pins.torch"] == "2.13.0"
+    assert labels["io.ups.pins.python"] == "3.11"  # the CPU base's, pins.toml [image.cpu]
+
+    # The size the README quotes is this image's (scripts/readme-image.py rewrites it).
+    size = subprocess.run(
+        [sys.executable, str(ROOT / "scripts/readme-image.py"), "--check", "--image", image],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert size.returncode == 0, size.stderr
+
+
+def test_a_base_that_differs_from_pins_toml_stops_the_build(image: str, tmp_path: Path) -> None:
+    """The Dockerfile's first RUN checks the base against pins.toml: with torch and the CPU
+    image's Python pinned to other versions the build fails there, naming both versions of
+    each, before any dependency is installed (the image build in conftest passed it)."""
+    pins = (ROOT / "pins.toml").read_text()
+    pins = pins.replace('torch = "2.13.0"', 'torch = "2.12.1"', 1)
+    pins = pins.replace('python = "3.11"', 'python = "3.10"', 1)
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "pins.toml").write_text(pins)
+    for name in ("Dockerfile", ".dockerignore", "docker/check_base.py"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    base = subprocess.run(
+        ["bash", str(ROOT / "scripts/build-images.sh"), "--build-args"],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    base_image = re.search(r"^BASE_IMAGE=(.+)$", base, re.M)
+    assert base_image is not None
+    out = subprocess.run(
+        ["docker", "build", "--force-rm", "--network", "host",
+         "--build-arg", f"BASE_IMAGE={base_image[1]}",
+         "--build-arg", "TORCH_BUILD=cpu", "-t", f"ups-badpins:{os.getpid()}", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )  # fmt: skip
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert "python: pinned 3.10, the base has 3.11." in text, text[-3000:]
+    assert "torch: pinned 2.12.1, the base has 2.13.0+cpu" in text, text[-3000:]
+    assert "requirements.lock" not in text  # stopped before the dependency layer
 
 
 def test_compose_up_runs_preflight_then_two_ranks_to_finished(project: Project) -> None:

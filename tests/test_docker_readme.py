@@ -4,8 +4,8 @@ The commands are read from the README's Docker section (the CPU lines), so the t
 the README cannot drift apart. They run with ``bash -c`` in a ``git clone`` of this
 repository. Only environment variables the compose files document change between runs
 (``UPS_CONFIG`` for a short run, ``UPS_USER``, ``UPS_WANDB_KEY_FILE``); the command
-text never does. ``COMPOSE_PROJECT_NAME`` keeps each run's containers apart from any
-other compose project on the machine.
+text never does. Each run gets its own ``UPS_RUN_ID``, which names its compose project
+(docker-compose.yml's ``name:``), so runs in one clone and on one engine stay apart.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import re
 import secrets
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -71,29 +72,46 @@ class Clone:
     commands: dict[str, str]
     image: str
 
-    def run(self, name: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
-        """Run one README command verbatim in the clone; stdout and stderr together."""
+    def env(self, **env: str) -> dict[str, str]:
+        """The caller's environment without UPS_*/WANDB_*, plus a run id of its own (which
+        names the compose project) unless ``env`` brings one."""
         base = {k: v for k, v in os.environ.items() if not k.startswith(("UPS_", "WANDB_"))}
-        project = f"ups-readme-{uuid.uuid4().hex[:8]}"
-        full = {**base, "COMPOSE_PROJECT_NAME": project, "UPS_IMAGE_CPU": self.image, **env}
+        run_id = f"readme-{uuid.uuid4().hex[:8]}"
+        return {**base, "UPS_RUN_ID": run_id, "UPS_IMAGE_CPU": self.image, **env}
+
+    def start(self, name: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        """Start one README command verbatim in the clone; stdout and stderr together."""
+        return subprocess.Popen(
+            ["bash", "-c", self.commands[name]],
+            cwd=self.root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def compose(self, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+        """``docker compose`` with the README's CPU files in the clone, under ``env``."""
+        return subprocess.run(
+            ["bash", "-c", " ".join([CPU_COMPOSE, *args])],
+            cwd=self.root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+
+    def run(self, name: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
+        """Run one README command verbatim in the clone, then take its project down."""
+        full = self.env(**env)
+        proc = self.start(name, full)
         try:
-            return subprocess.run(
-                ["bash", "-c", self.commands[name]],
-                cwd=self.root,
-                env=full,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=timeout,
-            )
+            out, _ = proc.communicate(timeout=timeout)
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out)
         finally:
-            subprocess.run(
-                ["bash", "-c", f"{CPU_COMPOSE} down --remove-orphans --timeout 5"],
-                cwd=self.root,
-                env=full,
-                capture_output=True,
-                timeout=120,
-            )
+            proc.kill()
+            proc.wait(timeout=30)
+            self.compose(full, "down --remove-orphans --timeout 5")
 
     def config(self, name: str, **extra: Any) -> str:
         """A short variant of configs/demo.yaml under .ups/ (mounted at /app/.ups)."""
@@ -132,21 +150,85 @@ def clone(ups_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     yield c
 
 
-def test_readme_up_shows_preflight_then_exits_with_the_run_exit_code(clone: Clone) -> None:
-    """In a fresh clone with a root-owned runs/, the README's `compose up` shows the preflight
-    report in the same terminal, trains, and exits 0; a run whose rank fails exits non-zero."""
-    good = clone.run("up", UPS_CONFIG=clone.config("good"))
-    assert good.returncode == 0, good.stdout[-4000:]
-    assert "preflight OK" in good.stdout  # the preflight table, in this terminal
-    assert good.stdout.index("preflight OK") < good.stdout.index('"train_step"')
-    assert "Traceback" not in good.stdout
-    outcome = clone.outcome(good.stdout)
-    assert outcome["outcome"] == "finished" and outcome["exit_code"] == 0
+def _paused(clone: Clone, run_id: str) -> bool:
+    """Whether rank 0 of ``run_id`` has reached its ``pause`` fault."""
+    log = clone.root / "runs" / run_id / "logs" / "rank0.jsonl"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    return any(e.get("event") == "fault_injected" and e.get("kind") == "pause" for e in events)
 
+
+def _train_container(clone: Clone, env: dict[str, str]) -> str:
+    """``ID RUNNING STARTED`` of the train-ddp container of ``env``'s run."""
+    ids = clone.compose(env, "ps -a -q train-ddp").stdout.split()
+    assert len(ids) == 1, ids
+    fmt = "{{.Id}} {{.State.Running}} {{.State.StartedAt}}"
+    out = subprocess.run(["docker", "inspect", "-f", fmt, ids[0]], capture_output=True,
+                         text=True, check=True, timeout=60)  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_readme_up_runs_beside_other_runs_and_exits_with_its_own_code(clone: Clone) -> None:
+    """Runs on one engine are independent. With two runs held mid-training (a pause at
+    step 2), the README's `compose up` of a good and a bad run side by side each go to
+    their end: the preflight report first, then exit 0 `finished` and exit 1 `failed`; the
+    bad run's abort touches neither held run. Then `compose stop train-ddp` with one held
+    run's UPS_RUN_ID ends that one (exit 75, `preempted`) and the other keeps running, the
+    same container, until it is stopped the same way."""
+    tag = uuid.uuid4().hex[:6]
+    pause = [{"kind": "pause", "rank": rank, "step": 2} for rank in (0, 1)]
+    held = {
+        name: clone.env(UPS_RUN_ID=f"{name}-{tag}", UPS_CONFIG=clone.config(name, faults=pause))
+        for name in ("held-a", "held-b")
+    }
     faults = [{"kind": "exception", "rank": 1, "step": 3}]
-    bad = clone.run("up", UPS_CONFIG=clone.config("bad", faults=faults))
-    assert bad.returncode == 1, bad.stdout[-4000:]
-    assert clone.outcome(bad.stdout)["outcome"] == "failed"
+    good_env = clone.env(UPS_CONFIG=clone.config("good"))
+    bad_env = clone.env(UPS_CONFIG=clone.config("bad", faults=faults))
+    envs = {**held, "good": good_env, "bad": bad_env}
+    procs = {name: clone.start("up", env) for name, env in held.items()}
+    try:
+        deadline = time.monotonic() + 600
+        while not all(_paused(clone, env["UPS_RUN_ID"]) for env in held.values()):
+            for name, proc in procs.items():  # the held runs only, so far
+                assert proc.poll() is None, f"{name} ended: {proc.communicate()[0][-3000:]}"
+            assert time.monotonic() < deadline, "the held runs never reached their pause"
+            time.sleep(1)
+        before = {name: _train_container(clone, env) for name, env in held.items()}
+        assert all(c.split()[1] == "true" for c in before.values()), before
+
+        good = procs["good"] = clone.start("up", good_env)
+        bad = procs["bad"] = clone.start("up", bad_env)
+        good_out, _ = good.communicate(timeout=600)
+        bad_out, _ = bad.communicate(timeout=600)
+        assert good.returncode == 0, good_out[-4000:]
+        assert "preflight OK" in good_out  # the preflight table, in this terminal
+        assert good_out.index("preflight OK") < good_out.index('"train_step"')
+        assert "Traceback" not in good_out
+        outcome = clone.outcome(good_out)
+        assert outcome["outcome"] == "finished" and outcome["exit_code"] == 0
+        assert outcome["run_id"] == good_env["UPS_RUN_ID"]
+        assert bad.returncode == 1, bad_out[-4000:]
+        assert clone.outcome(bad_out)["outcome"] == "failed"
+        assert {name: _train_container(clone, env) for name, env in held.items()} == before
+
+        stop = clone.compose(held["held-a"], "stop train-ddp")
+        assert stop.returncode == 0, stop.stderr
+        out_a, _ = procs["held-a"].communicate(timeout=300)
+        assert procs["held-a"].returncode == 75, out_a[-3000:]
+        assert clone.outcome(out_a)["outcome"] == "preempted"
+        assert procs["held-b"].poll() is None
+        assert _train_container(clone, held["held-b"]) == before["held-b"]
+
+        assert clone.compose(held["held-b"], "stop train-ddp").returncode == 0
+        out_b, _ = procs["held-b"].communicate(timeout=300)
+        assert procs["held-b"].returncode == 75, out_b[-3000:]
+        assert clone.outcome(out_b)["run_id"] == held["held-b"]["UPS_RUN_ID"]
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(timeout=30)
+        for env in envs.values():
+            clone.compose(env, "down --remove-orphans --timeout 5")
 
 
 def test_readme_up_runs_as_the_owner_of_runs(clone: Clone) -> None:

@@ -42,6 +42,16 @@ def pinned_versions(
     return dict(versions) if isinstance(versions, dict) else {}
 
 
+def versions_for_build(pins: Mapping[str, Any], *, cuda_build: bool) -> dict[str, Any]:
+    """The ``[versions]`` that apply to this torch build: a CPU build (the ups:cpu image, a
+    venv with the CPU wheel) runs the CPU base's Python, ``[image.cpu] python``."""
+    versions = dict(pins.get("versions", {}))
+    cpu_python = pins.get("image", {}).get("cpu", {}).get("python")
+    if not cuda_build and cpu_python is not None:
+        versions["python"] = cpu_python
+    return versions
+
+
 def public_version(version: str) -> str:
     """``"2.13.0+cu130"`` -> ``"2.13.0"`` (drop the local build tag)."""
     return version.split("+", 1)[0]
@@ -68,4 +78,5 @@ __all__ = [
     "matches",
     "pinned_versions",
     "public_version",
+    "versions_for_build",
 ]

@@ -6,7 +6,7 @@ import sys
 import tomllib
 from typing import Any
 
-from ups.pins import cudnn_string, find_pins, load_pins, matches
+from ups.pins import cudnn_string, find_pins, load_pins, matches, versions_for_build
 from ups.preflight.options import Context
 from ups.preflight.result import CheckResult, Status
 
@@ -53,7 +53,7 @@ def compare(pins: dict[str, Any], actual: dict[str, str | None]) -> dict[str, di
 def run(ctx: Context) -> CheckResult:
     path = find_pins(ctx.opts.pins_path, ctx.env)
     try:
-        pins = load_pins(path).get("versions", {})
+        pins = load_pins(path)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         return CheckResult(
             name="versions",
@@ -61,7 +61,8 @@ def run(ctx: Context) -> CheckResult:
             message=f"cannot read the pins file {path}: {exc}",
             hint="run from the repo root, or pass --pins PATH (or set UPS_PINS)",
         )
-    table = compare(pins, runtime_versions())
+    actual = runtime_versions()
+    table = compare(versions_for_build(pins, cuda_build=actual["cuda"] is not None), actual)
     drift = [f"{n}: {e['reason']}" for n, e in table.items() if e["status"] == "fail"]
     skipped = [n for n, e in table.items() if e["status"] == "skip"]
     same = [f"{n} {e['actual']}" for n, e in table.items() if e["status"] == "pass"]
