@@ -85,6 +85,7 @@ def test_missing_config_file_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2
     _one_paragraph(result.stderr)
     assert "nope.yaml" in result.stderr and "cannot read it" in result.stderr
+    assert "--set" not in result.stderr  # no key to override: the file is the problem
 
 
 @pytest.mark.slow

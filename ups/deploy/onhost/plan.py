@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ups import jsonio
 from ups.bucket.credentials import endpoint_from_env
-from ups.config import Config, ConfigError, load_config
+from ups.config import Config, ConfigError, ConfigFileError, load_config
 from ups.deploy.errors import UsageError
 from ups.deploy.hosts import AddressedHost
 from ups.deploy.transport import remote as rc
@@ -118,6 +118,8 @@ def load_run_config(config: Path, overrides: Sequence[str]) -> Config:
     """The run config with ``--set`` overrides; a mistake is a UsageError (exit 2)."""
     try:
         return load_config(config, overrides, check_files=False)
+    except ConfigFileError as err:  # the file itself: no key to override yet
+        raise UsageError(str(err)) from None
     except ConfigError as err:
         raise UsageError(
             f"{err}\nFrom fab deploy, override a key with `--set KEY=VALUE` (repeatable, "
