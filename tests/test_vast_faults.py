@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 
 from ups.deploy.errors import DeployError
+from ups.deploy.managed.faults import failed_checks, preflight_side
 from ups.deploy.managed.ledger import Failure, Ledger, ledger_path, render
-from ups.deploy.providers.vast.faults import (
-    STATUS_RULES,
-    Side,
-    classify_status,
-    failed_checks,
-    preflight_side,
-)
+from ups.deploy.providers import Side
+from ups.deploy.providers.vast.faults import STATUS_RULES, classify_status
 from ups.deploy.providers.vast.instance import Instance, State
 from ups.deploy.providers.vast.offers import Offer, without_machines
 from ups.retry import API_RETRY, api_retryable

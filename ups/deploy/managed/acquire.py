@@ -2,7 +2,7 @@
 
 :func:`rent` is the one way a deploy or a recovery gets an instance. It creates one from
 the plan's offer and hands it to ``use`` (boot, setup, preflight, train). When ``use``
-raises a :class:`~ups.deploy.providers.vast.faults.HostFault`, the instance is destroyed, its
+raises a :class:`~ups.deploy.managed.faults.HostFault`, the instance is destroyed, its
 machine recorded in the host ledger, and the next matching offer taken (machines tried in
 this call and those in the ledger left out); an offer someone else rented first is
 skipped the same way, without a ledger entry. A user fault, or any other error, ends the
@@ -17,10 +17,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ups.deploy.errors import DeployError
+from ups.deploy.managed.errors import EXIT_INSTANCE
+from ups.deploy.managed.faults import HostFault
 from ups.deploy.managed.ledger import Failure, Ledger
 from ups.deploy.managed.lifecycle import Lifecycle
-from ups.deploy.providers.vast.errors import EXIT_INSTANCE, NoOffer, OfferTaken
-from ups.deploy.providers.vast.faults import HostFault
+from ups.deploy.providers import NoOffer, OfferTaken
 
 T = TypeVar("T")
 
@@ -64,7 +65,7 @@ def rent(lc: Lifecycle, use: Callable[[int], T], ledger: Ledger | None = None) -
         if len(tried) >= spec.max_offers:
             raise _exhausted(lc, tried, only_taken)
         try:
-            lc.plan = lc.plan.with_next_offer(lc.api, offers, machines)
+            lc.plan = lc.plan.with_next_offer(lc.provider, offers, machines)
         except NoOffer as err:
             raise _exhausted(lc, tried, only_taken, f" No further offer: {err}") from None
         lc.say(

@@ -17,7 +17,6 @@ What ``fab deploy --host vast`` runs around it (every instance ended on every pa
 
 from __future__ import annotations
 
-import dataclasses
 import posixpath
 import time
 from pathlib import Path
@@ -29,6 +28,8 @@ from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.hosts import VastHost
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
+from ups.deploy.managed.errors import InstanceFailed, RecoveriesExhausted
+from ups.deploy.managed.faults import HostFault, failed_checks, preflight_side
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import RunStatus, Supervision
@@ -47,10 +48,8 @@ from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import existing, read_result
-from ups.deploy.providers.vast.errors import InstanceFailed, RecoveriesExhausted
-from ups.deploy.providers.vast.faults import HostFault, Side, failed_checks, preflight_side
-from ups.deploy.providers.vast.instance import Instance, State
-from ups.deploy.providers.vast.watchdog import onstart_command
+from ups.deploy.providers import InstanceState as State
+from ups.deploy.providers import Side
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target
 from ups.deploy.transport.session import run as run_remote
@@ -120,16 +119,14 @@ class Keeper:
                 f"run {state.run_id} already ended ({state.ended}; {sup.path}). Start a new "
                 "run with another --run ID (or without --run)."
             )
-        listed = [Instance.from_api(r) for r in lc.api.list() if r.get("label") == lc.plan.label]
+        listed = lc.provider.list(lc.plan.label)
         verdict = reconcile(state, listed)
         if verdict.continue_local:
             self.continue_local()
             return None
         # One deadline across every supervisor: max_hours counts from the run's first deploy.
         deadline = state.created + self.spec.max_hours * 3600.0
-        lc.plan = dataclasses.replace(
-            lc.plan, deadline_epoch=deadline, onstart=onstart_command(self.spec, deadline)
-        )
+        lc.plan = lc.plan.with_deadline(deadline)
         for instance_id, why in verdict.end:
             self.say(f"instance {instance_id} of run {state.run_id}: {why}")
             self.end_lost(instance_id, why)
@@ -153,7 +150,7 @@ class Keeper:
         lost = verdict.end[0][0] if verdict.end else verdict.gone[0][0] if verdict.gone else None
         self.count(reason, lost)
         self.pending = self.resume_point(reason, lost, time.monotonic())
-        lc.plan = lc.plan.with_next_offer(lc.api, self.lost_offers)
+        lc.plan = lc.plan.with_next_offer(lc.provider, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: picking up run "
             f"{state.run_id} ({reason}) from step {self.pending.resume_step} on "
@@ -184,7 +181,7 @@ class Keeper:
 
     def on_instance(self, leg: Leg) -> int:
         """Boot, resume and follow on one instance; a loss raises :class:`InstanceLost`."""
-        monitor = Monitor(self.lc.api, leg.instance_id, self.spec.monitor_s)
+        monitor = Monitor(self.lc.provider, leg.instance_id, self.spec.monitor_s)
         try:
             target = self.attach(leg) if leg.attach else self.boot(leg)
             monitor.start()
@@ -403,7 +400,7 @@ class Keeper:
         self.lost_offers.add(self.lc.plan.offer.id)
         self.count(reason, leg.instance_id)
         self.pending = self.resume_point(reason, leg.instance_id, detected)
-        self.lc.plan = self.lc.plan.with_next_offer(self.lc.api, self.lost_offers)
+        self.lc.plan = self.lc.plan.with_next_offer(self.lc.provider, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
             f"from step {self.pending.resume_step} ({self.pending.steps_lost} steps to "

@@ -2,7 +2,7 @@
 
 Offer order is deterministic: without a memory of bad machines, the next deploy searches
 the same query in the same order and rents the same broken machine again. Each host
-fault (:mod:`ups.deploy.providers.vast.faults`) adds one entry: the machine, its host, the offer and
+fault (:mod:`ups.deploy.managed.faults`) adds one entry: the machine, its host, the offer and
 instance, what failed and when. A deploy or recovery excludes every machine with an entry
 younger than ``ledger_ttl_h`` from its offer search. The file is strict JSON at
 ``<state dir>/hosts-ledger.json`` (:func:`ups.statedir.state_dir`), replaced atomically

@@ -20,13 +20,11 @@ import paramiko
 
 from ups.backoff import VAST_DESTROY, VAST_RUNNING, VAST_SSH
 from ups.deploy.errors import DeployError, HostKeyChanged
+from ups.deploy.managed.faults import HostFault, UserFault
 from ups.deploy.managed.rental_plan import VastPlan, container_spec
 from ups.deploy.onhost.fetch import fetch as fetch_run
-from ups.deploy.providers.vast.client import VastApi
-from ups.deploy.providers.vast.errors import VastApiError
-from ups.deploy.providers.vast.faults import HostFault, Side, UserFault, classify_status
-from ups.deploy.providers.vast.instance import Instance, State
-from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, watch_path
+from ups.deploy.providers import InstanceState as State
+from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, Side
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.connect import connect
 from ups.deploy.transport.hostkeys import known_hosts_name, load_into, save_host_keys
@@ -75,8 +73,8 @@ def uninterruptible() -> Iterator[None]:
 
 
 class Lifecycle:
-    def __init__(self, api: VastApi, plan: VastPlan, known_hosts: Path, out: Any) -> None:
-        self.api = api
+    def __init__(self, provider: Provider, plan: VastPlan, known_hosts: Path, out: Any) -> None:
+        self.provider = provider
         self.plan = plan
         self.known_hosts = known_hosts
         self.out = out
@@ -102,17 +100,10 @@ class Lifecycle:
         plan = self.plan
         self.say(f"creating instance from {plan.offer.describe()} at ${plan.price:.3f}/h")
         try:
-            result = self.api.create(plan.offer.id, **plan.create_fields())
-        except VastApiError:
+            instance_id = self.provider.create(plan.offer.id, **plan.create_fields())
+        except ProviderApiError:
             self.reconcile(None)  # a create that errored may still have made an instance
             raise
-        instance_id = result.get("new_contract") if isinstance(result, dict) else None
-        if not instance_id:
-            self.reconcile(None)
-            raise VastApiError(
-                f"creating an instance from offer {plan.offer.id} failed: {result}. The offer "
-                "may have just been taken; run the deploy again to pick another."
-            )
         self.created.append(int(instance_id))
         self.say(f"created instance {instance_id} ({plan.label})")
         self.reconcile(int(instance_id))
@@ -127,17 +118,11 @@ class Lifecycle:
         :meth:`teardown`. Returns the ids destroyed.
         """
         try:
-            rows = self.api.list()
-        except VastApiError as err:
+            listed = self.provider.list(self.plan.label)
+        except ProviderApiError as err:
             self.say(f"warning: could not list instances to look for a duplicate: {err}")
             return []
-        extra = [
-            int(r["id"])
-            for r in rows
-            if r.get("label") == self.plan.label
-            and int(r["id"]) != using
-            and int(r["id"]) not in self.created
-        ]
+        extra = [i.id for i in listed if i.id != using and i.id not in self.created]
         for instance_id in extra:
             why = "a retried create" if using is not None else "the failed create"
             self.say(
@@ -151,13 +136,12 @@ class Lifecycle:
                 self.say(f"warning: could not destroy duplicate instance {instance_id} yet: {err}")
         return extra
 
-    def wait_running(self, instance_id: int, deadline: float) -> Instance:
+    def wait_running(self, instance_id: int, deadline: float) -> RentedInstance:
         """Poll until RUNNING; FAILED (image pull...), GONE or the deadline raise."""
         delays = VAST_RUNNING.delays()
-        last: Instance | None = None
+        last: RentedInstance | None = None
         while time.monotonic() < deadline:
-            row = self.api.show(instance_id)
-            last = Instance.from_api(row) if row else None
+            last = self.provider.get(instance_id)
             state = last.state if last else State.GONE
             if state is State.RUNNING and last and last.ssh_host and last.ssh_port:
                 self.say(f"instance {instance_id} running; ssh {last.ssh_host}:{last.ssh_port}")
@@ -166,9 +150,9 @@ class Lifecycle:
             # OUTBID while booting is a bid not (yet) scheduled: keep waiting to the deadline.
             if state in (State.FAILED, State.GONE, State.STOPPED):
                 msg = last.status_msg if last else "the API no longer lists it"
-                raise self._will_not_run(instance_id, state, msg or "no message")
+                raise self._will_not_run(instance_id, state, msg or "no message", last)
             time.sleep(next(delays))  # polling the API; backoff keeps within its rate limit
-        status = f"{last.actual_status}, {last.status_msg or 'no message'}" if last else "unknown"
+        status = f"{last.state.value}, {last.status_msg or 'no message'}" if last else "unknown"
         raise HostFault(
             f"instance {instance_id} did not reach running within "
             f"{self.plan.spec.boot_timeout_s:.0f} s (last status: {status}). Raise "
@@ -176,24 +160,26 @@ class Lifecycle:
             f"never reached running in {self.plan.spec.boot_timeout_s:.0f} s ({status})",
         )
 
-    def _will_not_run(self, instance_id: int, state: State, msg: str) -> HostFault | UserFault:
-        """The instance's status says it never will run: whose fault, per the table."""
-        rule = classify_status(msg)
-        if rule is not None and rule.side is Side.USER:
+    def _will_not_run(
+        self, instance_id: int, state: State, msg: str, inst: RentedInstance | None
+    ) -> HostFault | UserFault:
+        """The instance's status says it never will run: whose fault, per the provider."""
+        fault = self.provider.fault_of(inst) if inst is not None else None
+        if fault is not None and fault[0] is Side.USER:
             return UserFault(
                 f"instance {instance_id} will not run ({state.value}): {msg}. That is "
-                f"{rule.meaning}, which every host would repeat, so no other offer is tried. "
+                f"{fault[1]}, which every host would repeat, so no other offer is tried. "
                 f"Check 'image' in hosts.yaml ({self.plan.spec.image}): it must exist and be "
                 "public, or pushed where Vast can pull it with a login."
             )
-        meaning = rule.meaning if rule is not None else f"the instance is {state.value}"
+        meaning = fault[1] if fault is not None else f"the instance is {state.value}"
         return HostFault(
             f"instance {instance_id} will not run ({state.value}): {msg}. That is {meaning}: "
             "a fault of this machine, not of the run.",
             f"{meaning}: {msg}",
         )
 
-    def wait_ssh(self, inst: Instance, deadline: float) -> Target:
+    def wait_ssh(self, inst: RentedInstance, deadline: float) -> Target:
         """Retry SSH with backoff until it answers (Vast installs keys after 'running')."""
         assert inst.ssh_host and inst.ssh_port
         spec = container_spec(self.plan.spec, inst.ssh_host, inst.ssh_port)
@@ -226,10 +212,10 @@ class Lifecycle:
         spec = target.spec
         conn = target.connect()
         try:
-            vast_dir = watch_path(spec.workdir, "")
+            vast_dir = self.plan.watchdog_file(spec.workdir)
             run_remote(conn, rc.argv("mkdir", "-p", vast_dir), spec)
             if watchdog_key:
-                write_private(conn, watch_path(spec.workdir, KEY_FILE), watchdog_key)
+                write_private(conn, self.plan.watchdog_key_file(spec.workdir), watchdog_key)
             if setup := self.plan.spec.setup:
                 self.say(f"setup on instance: {setup}")
                 # `setup` is the user's own shell line from hosts.yaml, like remote_env.
@@ -248,7 +234,7 @@ class Lifecycle:
         ``exclude``: the checkpoints already synced)."""
         conn = target.connect()
         try:
-            lease = watch_path(target.spec.workdir, LEASE_FILE)
+            lease = self.plan.watchdog_lease_file(target.spec.workdir)
             until = time.time() + FETCH_LEASE_S
             run_remote(conn, rc.write_word_command(lease, f"{until:.0f}"), target.spec)
         finally:
@@ -273,8 +259,7 @@ class Lifecycle:
 
     def end(self, instance_id: int, on_exit: str, reason: str) -> None:
         """End one instance per ``on_exit`` (destroy, stop, keep) and say so with its cost."""
-        row = self.api.show(instance_id)
-        inst = Instance.from_api(row) if row else None
+        inst = self.provider.get(instance_id)
         cost = f", about ${inst.cost_so_far:.2f} so far" if inst else ""
         if on_exit == "keep":
             self.say(
@@ -287,7 +272,7 @@ class Lifecycle:
             self.say(f"instance {instance_id} is already gone")
             return
         if on_exit == "stop":
-            self.api.stop(instance_id)
+            self.provider.stop(instance_id)
             self.say(f"stopped instance {instance_id} ({reason}){cost}; its disk still bills")
             return
         self.destroy(instance_id, reason, cost)
@@ -295,15 +280,15 @@ class Lifecycle:
     def destroy(self, instance_id: int, reason: str, cost: str = "") -> None:
         """Destroy (retried on server errors, ``ups.retry.API_RETRY``), then show the
         instance until the API no longer lists it running; raise if it still is."""
-        self.api.destroy(instance_id)
+        self.provider.destroy(instance_id)
         deadline = time.monotonic() + DESTROY_VERIFY_S
         delays = VAST_DESTROY.delays()
         while True:
-            row = self.api.show(instance_id)
-            if row is None or Instance.from_api(row).state is not State.RUNNING:
+            inst = self.provider.get(instance_id)
+            if inst is None or inst.state is not State.RUNNING:
                 break
             if time.monotonic() >= deadline:
-                raise VastApiError(
+                raise ProviderApiError(
                     f"instance {instance_id} is still listed running {DESTROY_VERIFY_S:.0f} s "
                     "after the API accepted its destroy."
                 )

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from ups.bucket import Bucket, BucketError
 from ups.console.format import render_line
+from ups.deploy import providers
 from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.hosts import ContainerHost, VastHost, get_host
 from ups.deploy.managed import background, lease
@@ -25,9 +26,8 @@ from ups.deploy.managed.rental_plan import VastPlan, build_vast_plan
 from ups.deploy.managed.run import run
 from ups.deploy.onhost.operate import bucket_credentials
 from ups.deploy.onhost.plan import load_run_config
-from ups.deploy.providers.vast.client import VastApi
-from ups.deploy.providers.vast.errors import VastApiError
-from ups.deploy.providers.vast.instance import Instance, State, label_for
+from ups.deploy.providers import InstanceState as State
+from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, label_for, parse_label
 from ups.runid import run_id_problem
 
 
@@ -38,7 +38,7 @@ def _watchdog_key(spec: VastHost) -> str | None:
     try:
         return path.read_text().strip() or None
     except OSError as err:
-        raise VastApiError(
+        raise ProviderApiError(
             f"watchdog_key_file {path} of host {spec.name!r} cannot be read ({err.strerror}). "
             "Save the scoped key there (docs/vast.md) or remove the setting to let the "
             "watchdog use the instance's own key."
@@ -49,7 +49,7 @@ def _watchdog_key(spec: VastHost) -> str | None:
 class VastDeploy:
     """The vast plan and what carrying it out needs; :meth:`run` rents and deploys it."""
 
-    api: VastApi
+    provider: Provider
     plan: VastPlan
     known_hosts: Path
     out: TextIO
@@ -104,7 +104,7 @@ class VastDeploy:
                     )
                 code = 0
             else:
-                lifecycle = Lifecycle(self.api, plan, self.known_hosts, out)
+                lifecycle = Lifecycle(self.provider, plan, self.known_hosts, out)
                 sup.supervised_by(supervision.Supervisor.this_process(self.mode))
                 code = run(
                     lifecycle,
@@ -164,12 +164,12 @@ def plan(
     says how the run will be supervised: ``following`` in a terminal, or ``detached`` for
     ``ups supervise``."""
     env = dict(os.environ)
-    api = VastApi(spec.vast_url)
+    provider = _provider(spec)
     watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
     vast_plan = build_vast_plan(
         spec,
         config,
-        api,
+        provider,
         run_id=run_id,
         overrides=overrides,
         follow=follow,
@@ -177,7 +177,7 @@ def plan(
         env=env,
     )
     return VastDeploy(
-        api,
+        provider,
         vast_plan,
         known_hosts,
         out,
@@ -193,10 +193,14 @@ def plan(
     )
 
 
-def ups_instances(api: VastApi, host: str | None = None) -> list[Instance]:
+def _provider(spec: VastHost) -> Provider:
+    return providers.get("vast", vast_url=spec.vast_url)
+
+
+def ups_instances(provider: Provider, host: str | None = None) -> list[RentedInstance]:
     """Every instance with a ups label (for ``host`` only when given), reconciled live."""
-    found = [Instance.from_api(row) for row in api.list()]
-    return [i for i in found if i.run and (host is None or i.run[0] == host)]
+    found = [(i, parse_label(i.label)) for i in provider.list()]
+    return [i for i, run in found if run and (host is None or run[0] == host)]
 
 
 def instances(
@@ -207,8 +211,7 @@ def instances(
     if ledger:
         book = Ledger()
         out.write(f"host ledger: {book.path}\n{render(book.read(), spec.ledger_ttl_h)}\n\n")
-    api = VastApi(spec.vast_url)
-    rows = ups_instances(api)
+    rows = ups_instances(_provider(spec))
     runs = supervision.all_runs(runs_dir)
     if runs:
         out.write(describe_runs(runs, runs_dir) + "\n")
@@ -219,7 +222,7 @@ def instances(
     lines = [header]
     total = 0.0
     for inst in rows:
-        host, run_id = inst.run or ("?", "?")
+        host, run_id = parse_label(inst.label) or ("?", "?")
         ssh = f"{inst.ssh_host}:{inst.ssh_port}" if inst.ssh_host else "-"
         total += inst.cost_so_far
         lines.append(
@@ -277,10 +280,10 @@ def _in_bucket(st: supervision.State) -> str:
 
 def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
-    api = VastApi(spec.vast_url)
+    provider = _provider(spec)
     runs_dir = Path("runs")
     wanted = label_for(spec.name, run_id) if run_id else None
-    targets = [i for i in ups_instances(api, spec.name) if wanted is None or i.label == wanted]
+    targets = [i for i in ups_instances(provider, spec.name) if wanted is None or i.label == wanted]
     for st in supervision.all_runs(runs_dir):
         if st.host == spec.name and run_id in (None, st.run_id):
             _stop_supervisor(runs_dir / st.run_id, out)
@@ -290,20 +293,21 @@ def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
         return 0
     for inst in targets:
         by = ""
-        if api.show(inst.id) is None:
+        if provider.get(inst.id) is None:
             by = " by its supervisor"  # on_exit destroy: it ended the instance on SIGTERM
         else:
-            api.destroy(inst.id)
+            provider.destroy(inst.id)
         out.write(
             f"destroyed instance {inst.id} ({inst.label}){by}, about "
             f"${inst.cost_so_far:.2f} so far\n"
         )
-        if inst.run is not None and (saved := supervision.load(runs_dir / inst.run[1])):
+        run = parse_label(inst.label)
+        if run is not None and (saved := supervision.load(runs_dir / run[1])):
             # Ended on purpose: a later deploy of the run continues it without counting a
             # recovery.
-            supervision.Supervision(
-                runs_dir / inst.run[1] / supervision.FILE, saved
-            ).instance_ended(inst.id, "destroyed by fab down")
+            supervision.Supervision(runs_dir / run[1] / supervision.FILE, saved).instance_ended(
+                inst.id, "destroyed by fab down"
+            )
     return 0
 
 
@@ -326,11 +330,10 @@ def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
     The newest running instance labelled for ``run_id`` (any run when None); its host key
     was recorded when deploy first reached it.
     """
-    api = VastApi(spec.vast_url)
     wanted = label_for(spec.name, run_id) if run_id else None
     running = [
         i
-        for i in ups_instances(api, spec.name)
+        for i in ups_instances(_provider(spec), spec.name)
         if i.state is State.RUNNING and (wanted is None or i.label == wanted)
     ]
     if not running:

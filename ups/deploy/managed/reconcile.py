@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from ups.deploy.managed.record import State as Record
 from ups.deploy.managed.watch import LOST
-from ups.deploy.providers.vast.instance import Instance, State
+from ups.deploy.providers import InstanceState as State
+from ups.deploy.providers import RentedInstance
 
 UNSUPERVISED = "while no supervisor ran"
 
@@ -34,7 +35,7 @@ class Verdict:
     """Listed instances to end, each with why (lost while unwatched, or a second one)."""
     gone: list[tuple[int, str]] = field(default_factory=list)
     """Recorded instances the provider no longer lists: closed in the record."""
-    follow: Instance | None = None
+    follow: RentedInstance | None = None
     """The running instance to follow, if any."""
     recovery: str | None = None
     """Why a new instance must be rented (a recovery is counted), or None."""
@@ -47,7 +48,7 @@ class Verdict:
         return self.follow is None and self.recovery is None
 
 
-def reconcile(record: Record, listed: Sequence[Instance]) -> Verdict:
+def reconcile(record: Record, listed: Sequence[RentedInstance]) -> Verdict:
     """The verdict for ``record`` given the instances listed under the run's label."""
     ended = {r.instance_id for r in record.instances if r.ended is not None}
     rows = [i for i in listed if i.id not in ended or i.state is State.RUNNING]

@@ -18,11 +18,9 @@ from ups.config import Config
 from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.managed.ledger import Ledger
 from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
-from ups.deploy.providers.vast.client import VastApi
-from ups.deploy.providers.vast.errors import NoOffer
-from ups.deploy.providers.vast.instance import label_for
+from ups.deploy.providers import NoOffer, Provider, label_for
 from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
-from ups.deploy.providers.vast.watchdog import onstart_command
+from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
 from ups.runid import new_run_id
 
 PENDING_ADDRESS = "(instance ssh address)"
@@ -72,8 +70,26 @@ class VastPlan:
     def run_id(self) -> str:
         return self.deploy.run_id
 
+    def with_deadline(self, deadline: float) -> VastPlan:
+        """The same plan with the instance's watchdog ending it at ``deadline`` (epoch)."""
+        return dataclasses.replace(
+            self, deadline_epoch=deadline, onstart=onstart_command(self.spec, deadline)
+        )
+
+    def watchdog_file(self, workdir: str, name: str = "") -> str:
+        """A file of the instance's watchdog (its directory when ``name`` is empty)."""
+        return watch_path(workdir, name)
+
+    def watchdog_key_file(self, workdir: str) -> str:
+        """Where the watchdog's scoped API key is written on the instance (0600)."""
+        return watch_path(workdir, KEY_FILE)
+
+    def watchdog_lease_file(self, workdir: str) -> str:
+        """The lease a fetch takes on the instance to hold its watchdog back."""
+        return watch_path(workdir, LEASE_FILE)
+
     def with_next_offer(
-        self, api: VastApi, exclude: Collection[int], machines: Collection[int] = ()
+        self, provider: Provider, exclude: Collection[int], machines: Collection[int] = ()
     ) -> VastPlan:
         """The same plan on the next matching offer under the same cap (for a recovery, or
         after a bad host).
@@ -83,7 +99,7 @@ class VastPlan:
         watchdog keeps the original deadline, so ``max_hours`` counts across every instance
         of the run.
         """
-        offer, avoided = search(api, self.spec, machines, exclude)
+        offer, avoided = search(provider, self.spec, machines, exclude)
         return dataclasses.replace(
             self,
             offer=offer,
@@ -139,7 +155,7 @@ class VastPlan:
 def build_vast_plan(
     spec: VastHost,
     config: Path,
-    api: VastApi,
+    provider: Provider,
     *,
     run_id: str | None = None,
     overrides: tuple[str, ...] = (),
@@ -156,7 +172,7 @@ def build_vast_plan(
     cfg = load_run_config(config, overrides)
     env = dict(env if env is not None else {})
     run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
-    offer, avoided = search(api, spec)
+    offer, avoided = search(provider, spec)
     deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
     deploy = build_plan(
         container_spec(spec),
@@ -188,7 +204,7 @@ def build_vast_plan(
 
 
 def search(
-    api: VastApi,
+    provider: Provider,
     spec: VastHost,
     machines: Collection[int] = (),
     offers: Collection[int] = (),
@@ -197,7 +213,7 @@ def search(
     the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
     matched the query and were left out."""
     assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
-    matched = api.search_offers(
+    matched = provider.search_offers(
         spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb
     )
     ledger = Ledger().excluded(spec.ledger_ttl_h)

@@ -13,11 +13,11 @@ from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.controller import Keeper, host_or_user
+from ups.deploy.managed.errors import Interrupted
 from ups.deploy.managed.lifecycle import Lifecycle, signals_interrupt
 from ups.deploy.managed.record import Supervision
 from ups.deploy.managed.watch import Leg
 from ups.deploy.onhost import operate
-from ups.deploy.providers.vast.errors import Interrupted
 
 __all__ = ["run"]
 

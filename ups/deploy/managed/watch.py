@@ -21,9 +21,8 @@ from fabric import Connection
 
 from ups import jsonio
 from ups.deploy.errors import DeployError
-from ups.deploy.providers.vast.client import VastApi
-from ups.deploy.providers.vast.errors import VastApiError
-from ups.deploy.providers.vast.instance import Instance, State, state_of
+from ups.deploy.providers import InstanceState as State
+from ups.deploy.providers import Provider, ProviderApiError
 from ups.deploy.transport.session import Target
 from ups.fsio import atomic_write_bytes
 
@@ -48,8 +47,8 @@ class InstanceLost(Exception):
 class Monitor:
     """Asks the API about one instance; once it is lost, cuts the log stream short."""
 
-    def __init__(self, api: VastApi, instance_id: int, every_s: float) -> None:
-        self.api = api
+    def __init__(self, provider: Provider, instance_id: int, every_s: float) -> None:
+        self.provider = provider
         self.instance_id = instance_id
         self.every_s = every_s
         self.lost: str | None = None
@@ -63,10 +62,10 @@ class Monitor:
         """One API call: why the instance is lost, or None while it is running."""
         if self.lost is None:
             try:
-                row = self.api.show(self.instance_id)
-            except VastApiError:
+                inst = self.provider.get(self.instance_id)
+            except ProviderApiError:
                 return None  # an API outage says nothing about the instance
-            state = state_of(Instance.from_api(row) if row else None)
+            state = inst.state if inst is not None else State.GONE
             reason = LOST.get(state)
             if reason is not None:
                 self.lost, self.state, self.detected = reason, state, time.monotonic()

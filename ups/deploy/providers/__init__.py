@@ -13,6 +13,58 @@ import enum
 import importlib
 from typing import Any, Protocol
 
+from ups.deploy.errors import DeployError
+
+LABEL_PREFIX = "ups:"
+
+EXIT_PROVIDER_API = 5
+"""The provider's API refused or could not answer (no key, key rejected, rate limited, bad
+query)."""
+EXIT_NO_OFFER = 6
+"""No offer matched the query under the price cap; nothing was created."""
+
+
+class ProviderApiError(DeployError):
+    exit_code = EXIT_PROVIDER_API
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class NoOffer(DeployError):
+    exit_code = EXIT_NO_OFFER
+
+
+class OfferTaken(ProviderApiError):
+    """The offer was rented by someone else between search and create: take the next one.
+
+    Only when every offer tried was taken does it end the deploy, with exit 6 (no offer)."""
+
+    exit_code = EXIT_NO_OFFER
+
+
+class Side(enum.Enum):
+    """Whose fault a failure on a rented machine is."""
+
+    HOST = "host"
+    """Another machine would not repeat it: destroy, record the machine, next offer."""
+    USER = "user"
+    """Every machine would repeat it: stop, and burn no further offer."""
+
+
+def label_for(host: str, run_id: str) -> str:
+    """The label ups gives an instance: the hosts.yaml entry and the run it serves."""
+    return f"{LABEL_PREFIX}{host}:{run_id}"
+
+
+def parse_label(label: str | None) -> tuple[str, str] | None:
+    """``(host, run_id)`` of a ups label, or None for instances ups did not create."""
+    if not label or not label.startswith(LABEL_PREFIX):
+        return None
+    host, _, run_id = label[len(LABEL_PREFIX) :].partition(":")
+    return (host, run_id) if run_id else None
+
 
 class InstanceState(enum.Enum):
     """One instance's state, as every provider reports it::
@@ -34,17 +86,26 @@ class InstanceState(enum.Enum):
 class RentedInstance(Protocol):
     """What the managed run reads of an instance, whatever its provider."""
 
-    id: int
-    label: str
-    status_msg: str
-    ssh_host: str | None
-    ssh_port: int | None
-    dph_total: float
-    duration_s: float
-    machine_id: int | None
-
+    @property
+    def id(self) -> int: ...
+    @property
+    def label(self) -> str: ...
+    @property
+    def status_msg(self) -> str: ...
+    @property
+    def ssh_host(self) -> str | None: ...
+    @property
+    def ssh_port(self) -> int | None: ...
+    @property
+    def dph_total(self) -> float: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def machine_id(self) -> int | None: ...
     @property
     def state(self) -> InstanceState: ...
+    @property
+    def cost_so_far(self) -> float: ...
 
 
 class Provider(Protocol):
@@ -52,6 +113,12 @@ class Provider(Protocol):
     ``DeployError`` paragraph (exit code included) when it cannot be done."""
 
     name: str
+
+    def search_offers(
+        self, query: str, order: str, offer_type: str, disk_gb: float
+    ) -> list[dict[str, Any]]:
+        """Offers matching ``query`` (the provider's rows), in ``order``."""
+        ...
 
     def get(self, instance_id: int) -> RentedInstance | None:
         """The instance now, or None when the provider no longer lists it (gone)."""
@@ -68,6 +135,11 @@ class Provider(Protocol):
     def stop(self, instance_id: int) -> None: ...
 
     def destroy(self, instance_id: int) -> None: ...
+
+    def fault_of(self, instance: RentedInstance) -> tuple[Side, str] | None:
+        """Whose fault it is that ``instance`` will never run, and what it means in a few
+        words; None when its status says nothing fatal."""
+        ...
 
 
 _MODULES = {"vast": "ups.deploy.providers.vast.provider"}

@@ -23,7 +23,8 @@ from tenacity import (
 )
 
 from ups.backoff import VAST_API, VAST_DESTROY, Policy
-from ups.deploy.providers.vast.errors import OfferTaken, VastApiError
+from ups.deploy.providers import OfferTaken, ProviderApiError
+from ups.deploy.providers.vast.errors import VastApiError
 from ups.retry import api_retryable
 
 T = TypeVar("T")
@@ -122,7 +123,7 @@ class VastApi:
     def _server(self) -> str:
         return self.server_url or "https://console.vast.ai"
 
-    def _explain(self, what: str, err: requests.HTTPError) -> VastApiError:
+    def _explain(self, what: str, err: requests.HTTPError) -> ProviderApiError:
         status = _status(err)
         detail = api_message(err)
         if what.startswith("create") and TAKEN.search(detail):

@@ -1,12 +1,4 @@
-"""Whose fault is a failed instance: the host's (try another machine) or the user's (stop).
-
-A host fault is one another machine would not repeat: a driver or NVML error in the
-container runtime, a truncated or corrupt image pull, an instance that never reaches
-running, SSH that never answers, a preflight check failing there. The deploy destroys
-that instance, records the machine in the host ledger (:mod:`ups.deploy.managed.ledger`) and
-rents the next matching offer, up to ``max_offers``. A user fault repeats on every host:
-the image does not exist or is not authorised, ``setup`` fails on the user's command, the
-config is wrong. It stops the deploy at once, and no further offer is rented.
+"""Whose fault a Vast instance's status message says it is (``VastProvider.fault_of``).
 
 :data:`STATUS_RULES` is the one table of instance status messages that mean the instance
 will never run; the first rule whose pattern matches decides. A status message no rule
@@ -15,18 +7,10 @@ knows is not fatal: the instance keeps its ``boot_timeout_s``.
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass
 
-from ups.deploy.providers.vast.errors import InstanceFailed
-
-
-class Side(enum.Enum):
-    HOST = "host"
-    """Another machine would not repeat it: destroy, record the machine, next offer."""
-    USER = "user"
-    """Every machine would repeat it: stop, and burn no further offer."""
+from ups.deploy.providers import Side
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,41 +59,9 @@ STATUS_RULES: tuple[StatusRule, ...] = (
 _COMPILED = tuple((re.compile(rule.pattern, re.IGNORECASE), rule) for rule in STATUS_RULES)
 
 
-HOST_CHECKS = frozenset({"gpu", "allreduce", "shm", "memory", "disk", "ulimits", "ports"})
-"""Preflight checks that measure the machine; a failure of any other check (config, data,
-cache, versions of the image, W&B credentials, the distributed env) repeats everywhere."""
-_CHECK_ROW = re.compile(r"^(\w+)\s+FAIL\s", re.MULTILINE)
-
-
-def failed_checks(report: str) -> list[str]:
-    """Names of the checks a preflight table reports as FAIL."""
-    return _CHECK_ROW.findall(report)
-
-
-def preflight_side(report: str) -> Side:
-    """HOST when every failed check measures the machine (and one failed), else USER."""
-    failed = failed_checks(report)
-    if failed and all(name in HOST_CHECKS for name in failed):
-        return Side.HOST
-    return Side.USER
-
-
 def classify_status(status_msg: str) -> StatusRule | None:
     """The first rule matching ``status_msg``; None when it is not known to be fatal."""
     for pattern, rule in _COMPILED:
         if pattern.search(status_msg or ""):
             return rule
     return None
-
-
-class HostFault(InstanceFailed):
-    """This machine failed the run; the deploy may take another offer (exit 7 past the cap)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        """The failure in a few words, as the host ledger records it."""
-
-
-class UserFault(InstanceFailed):
-    """Every machine would fail the same way: the deploy stops without another offer."""

@@ -14,10 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ups.deploy.providers import InstanceState
+from ups.deploy.providers import InstanceState, parse_label
 from ups.deploy.providers.vast.faults import classify_status
-
-LABEL_PREFIX = "ups:"
 
 ERROR_WORDS = ("error", "denied", "manifest unknown", "not found", "failed", "unauthorized")
 """Words in ``status_msg`` that mean the instance will never run (Vast keeps it 'loading')."""
@@ -25,19 +23,6 @@ ERROR_WORDS = ("error", "denied", "manifest unknown", "not found", "failed", "un
 
 State = InstanceState
 """Vast's instances have the states every provider's have."""
-
-
-def label_for(host: str, run_id: str) -> str:
-    """The label ups gives an instance: the hosts.yaml entry and the run it serves."""
-    return f"{LABEL_PREFIX}{host}:{run_id}"
-
-
-def parse_label(label: str | None) -> tuple[str, str] | None:
-    """``(host, run_id)`` of a ups label, or None for instances ups did not create."""
-    if not label or not label.startswith(LABEL_PREFIX):
-        return None
-    host, _, run_id = label[len(LABEL_PREFIX) :].partition(":")
-    return (host, run_id) if run_id else None
 
 
 @dataclass(frozen=True)

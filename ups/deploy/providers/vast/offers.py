@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ups.deploy.providers.vast.errors import NoOffer
+from ups.deploy.providers import NoOffer
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,51 @@
+"""Whose fault is a failed instance: the host's (try another machine) or the user's (stop).
+
+A host fault is one another machine would not repeat: the provider's status naming a
+broken driver or a corrupt image pull (``Provider.fault_of``), an instance that never
+reaches running, SSH that never answers, a preflight check of the machine failing there.
+The deploy destroys that instance, records the machine in the host ledger
+(:mod:`ups.deploy.managed.ledger`) and rents the next matching offer, up to
+``max_offers``. A user fault repeats on every host: the image does not exist or is not
+authorised, ``setup`` fails on the user's command, the config is wrong. It stops the
+deploy at once, and no further offer is rented.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ups.deploy.managed.errors import InstanceFailed
+from ups.deploy.providers import Side
+
+__all__ = ["HOST_CHECKS", "HostFault", "Side", "UserFault", "failed_checks", "preflight_side"]
+
+HOST_CHECKS = frozenset({"gpu", "allreduce", "shm", "memory", "disk", "ulimits", "ports"})
+"""Preflight checks that measure the machine; a failure of any other check (config, data,
+cache, versions of the image, W&B credentials, the distributed env) repeats everywhere."""
+_CHECK_ROW = re.compile(r"^(\w+)\s+FAIL\s", re.MULTILINE)
+
+
+def failed_checks(report: str) -> list[str]:
+    """Names of the checks a preflight table reports as FAIL."""
+    return _CHECK_ROW.findall(report)
+
+
+def preflight_side(report: str) -> Side:
+    """HOST when every failed check measures the machine (and one failed), else USER."""
+    failed = failed_checks(report)
+    if failed and all(name in HOST_CHECKS for name in failed):
+        return Side.HOST
+    return Side.USER
+
+
+class HostFault(InstanceFailed):
+    """This machine failed the run; the deploy may take another offer (exit 7 past the cap)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        """The failure in a few words, as the host ledger records it."""
+
+
+class UserFault(InstanceFailed):
+    """Every machine would fail the same way: the deploy stops without another offer."""
