@@ -2,7 +2,9 @@
 under the stop signals, every instance it created ended per ``on_exit`` on every path
 (exception, Ctrl-C, SIGTERM, SIGHUP), then the summary printed: instances used,
 recoveries, cost, time lost. ``--detach`` rents and starts the run and leaves the
-instance to its watchdog (and the run to the background supervisor).
+instance to its watchdog (and the run to the background supervisor). A supervisor that
+lost its lease (:class:`~ups.deploy.vast.lease.LeaseLost`) ends nothing: the run and its
+instance are the new holder's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ups.deploy import operate
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.vast.errors import Interrupted
 from ups.deploy.vast.keeper import Keeper, host_or_user
+from ups.deploy.vast.lease import LeaseLost
 from ups.deploy.vast.monitor import Leg
 from ups.deploy.vast.rental import Lifecycle, signals_interrupt
 from ups.deploy.vast.supervision import Supervision
@@ -48,6 +51,9 @@ def run(
                 return _detached(lifecycle, keeper, env, mirror)
             code = keeper.run()
             sup.finished(f"exit {code}", code)
+    except LeaseLost:
+        keeper.log.close()
+        raise
     except KeyboardInterrupt as exc:
         reason = f"interrupted ({exc or 'Ctrl-C'})"
         problems = _end_all(lifecycle, keeper, reason)
