@@ -169,7 +169,7 @@ finally:
 def test_a_supervisor_that_slept_past_its_lease_stops_when_it_wakes(
     store: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A supervisor process holds the run (lease lifetime 3 s) and writes its record; it is
+    """A supervisor process holds the run (lease lifetime 2 s) and writes its record; it is
     stopped (SIGSTOP, a laptop asleep) until its lease expired, and a supervisor on
     another machine takes the run. Woken (SIGCONT), the first says in one line that it lost
     the lease to the second and exits 21, writing nothing more to the bucket: on moto the
@@ -179,7 +179,7 @@ def test_a_supervisor_that_slept_past_its_lease_stops_when_it_wakes(
     a follow) and touches no fence: its renewal thread stops it."""
     server: MotoServer | S3Server = request.getfixturevalue(store)
     bucket = _bucket(server)
-    monkeypatch.setenv(lease.TTL_ENV, "3")
+    monkeypatch.setenv(lease.TTL_ENV, "2")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     first_dir = tmp_path / "laptop" / "r1"
     proc = subprocess.Popen(
