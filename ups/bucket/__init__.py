@@ -9,7 +9,14 @@ from ups.bucket.checkpoints import (
     fetch_checkpoint,
     newest_checkpoint,
 )
-from ups.bucket.store import Bucket, BucketError, BucketUnreachable, parse_url
+from ups.bucket.store import (
+    Bucket,
+    BucketError,
+    BucketUnreachable,
+    PreconditionFailed,
+    Stored,
+    parse_url,
+)
 
 __all__ = [
     "Bucket",
@@ -17,6 +24,8 @@ __all__ = [
     "BucketUnreachable",
     "CheckpointMismatch",
     "CheckpointRef",
+    "PreconditionFailed",
+    "Stored",
     "committed_checkpoints",
     "fetch_checkpoint",
     "newest_checkpoint",

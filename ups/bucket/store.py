@@ -9,11 +9,19 @@ from ``endpoint_url`` or boto3's ``AWS_ENDPOINT_URL``, so any S3-compatible stor
 Every failure of the network or the service is raised as :class:`BucketError` with the
 operation, the key and the cause in one sentence; :class:`BucketUnreachable` (a subclass)
 marks the ones worth another try (``ups.retry.bucket_retryable``).
+
+Conditional writes (compare-and-swap on the object's ETag: :meth:`Bucket.put_if_absent`,
+:meth:`Bucket.put_if_match`, :meth:`Bucket.delete_if_match`) raise
+:class:`PreconditionFailed` when the key is not as the caller expected. Not every store
+honours the conditions: AWS S3, Cloudflare R2, MinIO and moto do; ``rclone serve s3``
+ignores them and writes anyway. :meth:`Bucket.honours_conditions` asks the store itself.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +30,9 @@ from urllib.parse import urlparse
 from ups.fsio import atomic_open
 
 _CHUNK = 1 << 20
+_CONFLICT_TRIES = 5
+"""409 ConditionalRequestConflict: another conditional write on the key was in flight.
+AWS says to retry; the retry then answers 412 or succeeds."""
 
 
 class BucketError(RuntimeError):
@@ -30,6 +41,23 @@ class BucketError(RuntimeError):
 
 class BucketUnreachable(BucketError):
     """The endpoint did not answer, or answered with a server error or a throttle."""
+
+
+class PreconditionFailed(BucketError):
+    """A conditional write found the key not as expected: another writer changed it (412),
+    or it is gone (``missing``: 404 on If-Match)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An object's bytes and the ETag they were read with (for a conditional write)."""
+
+    data: bytes
+    etag: str
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -68,6 +96,14 @@ def _not_found(exc: Exception) -> bool:
         "NoSuchKey",
         "404",
     }
+
+
+def _error_code(exc: Exception) -> str | None:
+    from botocore.exceptions import ClientError
+
+    if not isinstance(exc, ClientError):
+        return None
+    return str(exc.response.get("Error", {}).get("Code", "")) or None
 
 
 def _classify(what: str, key: str, exc: BaseException) -> BucketError:
@@ -117,6 +153,8 @@ class Bucket:
     prefix: str
     endpoint_url: str | None = None
     _client: Any = field(default=None, repr=False)
+    conditions: bool | None = None
+    """Whether the store honours conditional writes, once :meth:`honours_conditions` asked."""
 
     @classmethod
     def open(cls, url: str, *, endpoint_url: str | None = None) -> Bucket:
@@ -150,8 +188,78 @@ class Bucket:
         """The full ``s3://`` address of ``key``, for messages."""
         return f"s3://{self.name}/{self._key(key)}"
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._call("writing", key, "put_object", Key=self._key(key), Body=data)
+    def put_bytes(self, key: str, data: bytes) -> str:
+        """Write ``key``; its new ETag."""
+        response = self._call("writing", key, "put_object", Key=self._key(key), Body=data)
+        return str(response.get("ETag", ""))
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        """Create ``key`` only if it does not exist (``If-None-Match: *``); its new ETag.
+        Raises :class:`PreconditionFailed` when it exists (on a store that honours it)."""
+        return self._conditional("creating", key, "put_object", Body=data, IfNoneMatch="*")
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        """Replace ``key`` only if its ETag is still ``etag`` (``If-Match``); the new ETag.
+        Raises :class:`PreconditionFailed` when someone wrote it since, or it is gone."""
+        return self._conditional("replacing", key, "put_object", Body=data, IfMatch=etag)
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """Delete ``key`` only if its ETag is still ``etag``; raises
+        :class:`PreconditionFailed` when someone wrote it since, or it is gone."""
+        self._conditional("deleting", key, "delete_object", IfMatch=etag)
+
+    def _conditional(self, what: str, key: str, method: str, **kwargs: Any) -> str:
+        for attempt in range(_CONFLICT_TRIES):
+            try:
+                response = getattr(self._client, method)(
+                    Bucket=self.name, Key=self._key(key), **kwargs
+                )
+                return str(response.get("ETag", ""))
+            except Exception as exc:
+                code = _error_code(exc)
+                if code == "ConditionalRequestConflict" and attempt + 1 < _CONFLICT_TRIES:
+                    time.sleep(0.1 * (attempt + 1))  # a rival's conditional write in flight
+                    continue
+                if code in {"PreconditionFailed", "412"}:
+                    raise PreconditionFailed(
+                        f"{what} {self.url_of(key)}: another writer changed it first (412)"
+                    ) from None
+                if code in {"NoSuchKey", "404"} and "IfMatch" in kwargs:
+                    raise PreconditionFailed(
+                        f"{what} {self.url_of(key)}: it is gone (404)", missing=True
+                    ) from None
+                raise _classify(what, self.url_of(key), exc) from exc
+        raise AssertionError("unreachable: the last try returns or raises")
+
+    def get_stored(self, key: str) -> Stored | None:
+        """The object's bytes with its ETag, or None when there is no such key."""
+        try:
+            response = self._client.get_object(Bucket=self.name, Key=self._key(key))
+            return Stored(response["Body"].read(), str(response.get("ETag", "")))
+        except Exception as exc:
+            if _not_found(exc):
+                return None
+            raise _classify("reading", self.url_of(key), exc) from exc
+
+    def honours_conditions(self, under: str) -> bool:
+        """Whether the store honours conditional writes: an object is written under
+        ``under``, then written again with ``If-None-Match: *``, which must answer 412.
+        The answer is kept in :attr:`conditions`. Raises :class:`BucketError` when the
+        store cannot be asked."""
+        key = f"{under}/.conditions-probe-{secrets.token_hex(4)}"  # one per probe
+        self.put_bytes(key, b"probe")
+        try:
+            self.put_if_absent(key, b"probe again")
+            self.conditions = False
+        except PreconditionFailed:
+            self.conditions = True
+        finally:
+            self.delete(key)
+        return self.conditions
+
+    def endpoint(self) -> str:
+        """The store's address, for messages: the endpoint URL, or AWS S3."""
+        return self.endpoint_url or str(self._client.meta.endpoint_url)
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None when there is no such key."""

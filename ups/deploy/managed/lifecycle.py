@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -72,9 +72,22 @@ def uninterruptible() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _unfenced() -> None:
+    pass
+
+
 class Lifecycle:
-    def __init__(self, provider: Provider, plan: VastPlan, known_hosts: Path, out: Any) -> None:
+    def __init__(
+        self,
+        provider: Provider,
+        plan: VastPlan,
+        known_hosts: Path,
+        out: Any,
+        fence: Callable[[], None] = _unfenced,
+    ) -> None:
         self.provider = provider
+        self.fence = fence
+        """The supervisor's lease check, before every create, stop and destroy."""
         self.plan = plan
         self.known_hosts = known_hosts
         self.out = out
@@ -98,6 +111,7 @@ class Lifecycle:
         label is listed and every instance carrying it that ups does not use is destroyed.
         """
         plan = self.plan
+        self.fence()
         self.say(f"creating instance from {plan.offer.describe()} at ${plan.price:.3f}/h")
         try:
             instance_id = self.provider.create(plan.offer.id, **plan.create_fields())
@@ -272,6 +286,7 @@ class Lifecycle:
             self.say(f"instance {instance_id} is already gone")
             return
         if on_exit == "stop":
+            self.fence()
             self.provider.stop(instance_id)
             self.say(f"stopped instance {instance_id} ({reason}){cost}; its disk still bills")
             return
@@ -280,6 +295,7 @@ class Lifecycle:
     def destroy(self, instance_id: int, reason: str, cost: str = "") -> None:
         """Destroy (retried on server errors, ``ups.retry.API_RETRY``), then show the
         instance until the API no longer lists it running; raise if it still is."""
+        self.fence()
         self.provider.destroy(instance_id)
         deadline = time.monotonic() + DESTROY_VERIFY_S
         delays = VAST_DESTROY.delays()

@@ -91,8 +91,9 @@ class VastDeploy:
 
         mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
         sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
-        held = lease.Lease(run_dir, plan.run_id, self.mode, bucket)
+        held = lease.Lease(run_dir, plan.run_id, self.mode, bucket, say=say, stop_main=True)
         held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
+        sup.fence = held.check
         try:
             if not known and bucket is not None:
                 known = _adopt(sup, bucket, say)
@@ -104,7 +105,7 @@ class VastDeploy:
                     )
                 code = 0
             else:
-                lifecycle = Lifecycle(self.provider, plan, self.known_hosts, out)
+                lifecycle = Lifecycle(self.provider, plan, self.known_hosts, out, held.check)
                 sup.supervised_by(supervision.Supervisor.this_process(self.mode))
                 code = run(
                     lifecycle,

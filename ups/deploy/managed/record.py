@@ -9,7 +9,8 @@ the run next (the same ``fab deploy`` run again, or ``ups supervise``) reads it 
 run up where it is; the summary and ``fab instances`` read it for cost and recoveries. A
 mirror (the run's bucket, when it has one) gets every write too, so another machine can
 pick the run up. Who may write it is decided by the lease
-(:mod:`ups.deploy.managed.lease`), not here.
+(:mod:`ups.deploy.managed.lease`): :attr:`Supervision.fence` is called before every write
+and raises once the lease is lost.
 """
 
 from __future__ import annotations
@@ -177,6 +178,8 @@ class Supervision:
         self.path = path
         self.state = state
         self.mirror = mirror
+        self.fence: Callable[[], None] | None = None
+        """The lease's check: raises when this process may no longer write the record."""
         self._lock = threading.RLock()  # the checkpoint sync thread saves too
 
     @classmethod
@@ -189,6 +192,8 @@ class Supervision:
 
     def save(self) -> None:
         with self._lock:
+            if self.fence is not None:
+                self.fence()
             self.state.updated = time.time()
             text = jsonio.dumps(asdict(self.state), indent=2) + "\n"
             self.path.parent.mkdir(parents=True, exist_ok=True)

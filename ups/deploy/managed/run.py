@@ -2,7 +2,9 @@
 under the stop signals, every instance it created ended per ``on_exit`` on every path
 (exception, Ctrl-C, SIGTERM, SIGHUP), then the summary printed: instances used,
 recoveries, cost, time lost. ``--detach`` rents and starts the run and leaves the
-instance to its watchdog (and the run to the background supervisor).
+instance to its watchdog (and the run to the background supervisor). A supervisor that
+lost its lease (:class:`~ups.deploy.managed.lease.LeaseLost`) ends nothing: the run and its
+instance are the new holder's.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.controller import Keeper, host_or_user
 from ups.deploy.managed.errors import Interrupted
+from ups.deploy.managed.lease import LeaseLost
 from ups.deploy.managed.lifecycle import Lifecycle, signals_interrupt
 from ups.deploy.managed.record import Supervision
 from ups.deploy.managed.watch import Leg
@@ -48,6 +51,9 @@ def run(
                 return _detached(lifecycle, keeper, env, mirror)
             code = keeper.run()
             sup.finished(f"exit {code}", code)
+    except LeaseLost:
+        keeper.log.close()
+        raise
     except KeyboardInterrupt as exc:
         reason = f"interrupted ({exc or 'Ctrl-C'})"
         problems = _end_all(lifecycle, keeper, reason)
