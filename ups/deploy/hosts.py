@@ -150,7 +150,8 @@ class DockerHost(AddressedHost):
 
 
 class VastHost(SshHost):
-    """``kind: vast``: no address, ups rents one (ups/deploy/providers/vast/, ups/deploy/managed/, docs/vast.md)."""
+    """``kind: vast``: no address, ups rents one (ups/deploy/providers/vast/,
+    ups/deploy/managed/, docs/vast.md)."""
 
     kind: Literal["vast"] = "vast"
     # -- the rental: what to rent, for how long, what to do with it (one block) --

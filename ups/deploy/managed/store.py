@@ -1,12 +1,12 @@
 """The run's bucket as its supervisor uses it (when the run config sets
-``checkpoint_sync.url``): ``<run_id>/run.json`` (the run's record) written beside the checkpoints the
-instance uploads, and the newest committed checkpoint fetched home before a recovery when
-it is newer than the newest one synced over SSH. The lease held there too is
+``checkpoint_sync.url``): ``<run_id>/run.json`` (the run's record) written beside the
+checkpoints the instance uploads, and the newest committed checkpoint fetched home before a
+recovery when it is newer than the newest one synced over SSH. The lease held there too is
 :mod:`ups.deploy.managed.lease`'s.
 
-A bucket that cannot be reached never stops supervision: the local state and lease
-stay authoritative on this machine, and each failed write is said once and made again on
-the next change.
+A bucket that cannot be reached never stops supervision: the local state and lease stay
+authoritative on this machine, and each failed write is said once and made again on the next
+change.
 """
 
 from __future__ import annotations
