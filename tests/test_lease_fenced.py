@@ -129,7 +129,7 @@ def test_fenced_lease_one_taker_wins_and_a_holder_that_lost_it_writes_nothing(
     assert len(said) == 1 and said[0].startswith(line), said
     assert said[0].endswith(": it stops acting now; the run goes on under the new holder")
     with pytest.raises(LeaseLost) as err:
-        sup.recovered(1, 0)
+        sup.recovery("outbid", None)
     assert err.value.code == EXIT_LEASE_LOST == 21 and str(err.value) == said[0]
     assert bucket.get_bytes(f"r1/{supervision.FILE}") == record
     assert json.loads(sup.path.read_text())["recoveries"] == 0
@@ -159,7 +159,7 @@ sup.fence = held.check
 say("holding")
 try:
     for n in range(1, 10**6):
-        sup.recovered(n, 0)  # a record write every 50 ms, each through the fence
+        sup.resumes_from(n, 0)  # a record write every 50 ms, each through the fence
         time.sleep(0.05)
         if then == "block" and n == 3:
             threading.Event().wait()  # following a log for hours: no fence touched
