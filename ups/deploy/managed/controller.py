@@ -232,9 +232,7 @@ class Keeper:
             self.sup.machine(leg.instance_id, inst.machine_id)
             self.lc.prepare(target, self.watchdog_key)
             if self.pending is None:  # the interrupted recovery cut and marked the log
-                self.pending = self.resume_point(
-                    "adopted", None, time.monotonic(), counted=False, marked=False
-                )
+                self.pending = self.adoption_point()
             self.upload(target)
             leg.attach = False  # nothing runs there to follow: launch it
         return target
@@ -416,17 +414,21 @@ class Keeper:
             self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
         self.sup.instance_ended(instance_id, f"lost: {reason}")
 
+    def adoption_point(self) -> Pending:
+        """What an adopted instance resumes from: the newest good checkpoint here (the
+        bucket's first, when newer). The log stays as the interrupted recovery cut and
+        marked it."""
+        if self.bucket is not None:
+            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+        newest = newest_good(self.run_dir / "checkpoints")
+        step, path = newest if newest else (0, None)
+        return Pending(self.recoveries, "adopted", step, path, 0, time.monotonic())
+
     def resume_point(
-        self,
-        reason: str,
-        instance: int | None,
-        detected: float,
-        counted: bool = True,
-        marked: bool = True,
+        self, reason: str, instance: int | None, detected: float, counted: bool = True
     ) -> Pending:
         """The newest good checkpoint here (the bucket's first, when newer); the log cut
-        back to it and (``marked``) marked; the record says where the counted recovery
-        resumes."""
+        back to it and marked; the record says where the counted recovery resumes."""
         if self.bucket is not None:
             fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
             self.catch_up_log()
@@ -438,14 +440,13 @@ class Keeper:
             self.keep_in_bucket(lost)
         if counted:
             self.sup.resumes_from(step, last - step)
-        if marked:
-            self.log.mark(
-                recovery=self.recoveries,
-                reason=reason,
-                lost_instance=instance,
-                resume_step=step,
-                steps_lost=last - step,
-            )
+        self.log.mark(
+            recovery=self.recoveries,
+            reason=reason,
+            lost_instance=instance,
+            resume_step=step,
+            steps_lost=last - step,
+        )
         return Pending(self.recoveries, reason, step, path, last - step, detected)
 
     def catch_up_log(self) -> None:
