@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def write_demo_data(out: Path, seed: int, *, live: bool) -> list[Path]:
-    """Synthesize the demo files into ``out`` (20 to 30 s on 2 cores), saying what is
+    """Synthesize the demo files into ``out`` (tens of seconds on 2 cores), saying what is
     happening meanwhile: a live line naming the file being written on a terminal
     (``live``), else a ``data_file_writing`` event before each file. Either way it ends
     with ``data_file_written`` per file (off a terminal) and one ``demo_data_ready``.
