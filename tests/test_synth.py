@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import re
 from pathlib import Path
 
 import h5py
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from ups.config import TaskConfig
+from ups.console.steps import steps_line
 from ups.data import synth
 from ups.data.pdebench import inspect_task
 
@@ -136,3 +139,23 @@ def test_darcy_solver_matches_the_poisson_solution() -> None:
     u = synth.darcy(np.ones((1, 64, 64)), 1.0)
     assert synth.darcy_residual(u, np.ones((1, 64, 64)), 1.0)[0] < synth.DARCY_RTOL
     assert abs(u.max() - 0.07367) < 0.0005
+
+
+def test_progress_names_each_file_before_it_is_written_and_the_line_ends_full(
+    tmp_path: Path,
+) -> None:
+    """`ups demo` and `ups data synth` say what they write while they write it: the callback
+    names each file, in order, before the file exists; the terminal line ends on 4/4 with
+    where the files went."""
+    seen: list[tuple[int, int, str, bool]] = []
+
+    def step(done: int, total: int, path: Path) -> None:
+        seen.append((done, total, path.name, path.exists()))
+
+    screen = io.StringIO()
+    with steps_line(screen, "demo data", "written to data/demo") as line:
+        synth.synthesize(tmp_path, seed=0, sizes=TINY, progress=lambda *a: (step(*a), line(*a)))
+    names = [synth.ADVECTION_FILE, synth.BURGERS_FILE, synth.DARCY_FILE, synth.DIFFREACT_FILE]
+    assert seen == [(i, 4, name, False) for i, name in enumerate(names)]
+    last = screen.getvalue().strip().splitlines()[-1]
+    assert re.search(r"demo data .* 4/4 +0:00:\d\d written to data/demo$", last), last

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 from ups.config import ConfigError, load_config
+from ups.console import wants_console
+from ups.console.steps import steps_line
 from ups.data.pdebench import DataError, inspect_task
 from ups.data.synth import synthesize
 from ups.log import get_logger, setup_logging
@@ -34,17 +37,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _synth(out: Path, seed: int) -> int:
+def write_demo_data(out: Path, seed: int, *, live: bool) -> list[Path]:
+    """Synthesize the demo files into ``out`` (tens of seconds on 2 cores), saying what is
+    happening meanwhile: a live line naming the file being written on a terminal
+    (``live``), else a ``data_file_writing`` event before each file. Either way it ends
+    with ``data_file_written`` per file (off a terminal) and one ``demo_data_ready``.
+    Logging is set up by the caller."""
     log = get_logger("ups.data")
     start = time.monotonic()
-    paths = synthesize(out, seed)
-    for path in paths:
-        log.info(
-            "data_file_written", text="data file written", path=str(path), bytes=path.stat().st_size
-        )
+    if live:
+        with steps_line(sys.stdout, "demo data", f"written to {out}") as step:
+            paths = synthesize(out, seed, progress=step)
+    else:
+
+        def writing(done: int, total: int, path: Path) -> None:
+            log.info(
+                "data_file_writing", text="writing data file", path=str(path),
+                file=f"{done + 1}/{total}",
+            )  # fmt: skip
+
+        paths = synthesize(out, seed, progress=writing)
+        for path in paths:
+            log.info(
+                "data_file_written", text="data file written", path=str(path),
+                bytes=path.stat().st_size,
+            )  # fmt: skip
     seconds = round(time.monotonic() - start, 1)
     log.info("demo_data_ready", text="demo data ready", out=str(out), seed=seed, seconds=seconds)
-    return 0
+    return paths
 
 
 def _check(config: Path, overrides: list[str]) -> int:
@@ -82,5 +102,6 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     setup_logging()
     if args.command == "synth":
-        return _synth(args.out, args.seed)
+        write_demo_data(args.out, args.seed, live=wants_console("auto", sys.stdout))
+        return 0
     return _check(args.config, args.overrides)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ups.cli.data import write_demo_data
 from ups.config import ConfigError, load_config
 from ups.console import LOG_FORMATS, eval_table, render_text, wants_console
-from ups.data.synth import synthesize
+from ups.log import setup_logging
 from ups.outcome import EXIT_CONFIG, read_outcome
 
 
@@ -59,7 +60,9 @@ def main(argv: list[str]) -> int:
         return EXIT_CONFIG
     missing = [task.path for task in cfg.tasks if not task.path.is_file()]
     if missing:
-        synthesize(missing[0].parent, args.seed)
+        live = wants_console(args.log_format, sys.stdout)
+        setup_logging(console=live)
+        write_demo_data(missing[0].parent, args.seed, live=live)
     from ups.cli import launch
 
     sets = [f"--set={item}" for item in args.overrides]

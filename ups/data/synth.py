@@ -17,6 +17,7 @@ Every file is a deterministic function of ``seed``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -267,15 +268,21 @@ def _write_1d(path: Path, u: np.ndarray, x: np.ndarray, attr: str, value: float)
         f.attrs[attr] = value
 
 
-def synth_1d(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> list[Path]:
+def synth_advection(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> Path:
     x = cell_centres(sizes.x_1d)
     times = np.arange(N_FRAMES_1D) * DT_SAVE
-    adv, burg = out_dir / ADVECTION_FILE, out_dir / BURGERS_FILE
-    ic = InitialConditions.draw(sizes.n_1d, rng)
-    _write_1d(adv, advection(ic, x, 0.4, times), x, "beta", 0.4)
+    path = out_dir / ADVECTION_FILE
+    u = advection(InitialConditions.draw(sizes.n_1d, rng), x, 0.4, times)
+    _write_1d(path, u, x, "beta", 0.4)
+    return path
+
+
+def synth_burgers(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> Path:
+    x = cell_centres(sizes.x_1d)
     u0 = InitialConditions.draw(sizes.n_1d, rng)(x)
-    _write_1d(burg, burgers(u0, 1.0 / x.size, 0.01, N_FRAMES_1D, DT_SAVE), x, "Nu", 0.01)
-    return [adv, burg]
+    path = out_dir / BURGERS_FILE
+    _write_1d(path, burgers(u0, 1.0 / x.size, 0.01, N_FRAMES_1D, DT_SAVE), x, "Nu", 0.01)
+    return path
 
 
 def synth_darcy(out_dir: Path, rng: np.random.Generator, sizes: Sizes, beta: float = 1.0) -> Path:
@@ -311,17 +318,37 @@ def synth_diffreact(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> Pa
     return path
 
 
+Writer = Callable[[Path, np.random.Generator, Sizes], Path]
+
+DEMO_FILES: tuple[tuple[str, Writer, int], ...] = (
+    (ADVECTION_FILE, synth_advection, 0),
+    (BURGERS_FILE, synth_burgers, 0),
+    (DARCY_FILE, synth_darcy, 1),
+    (DIFFREACT_FILE, synth_diffreact, 2),
+)
+"""Each demo file, the function that writes it and the index of its random stream (the
+two 1D files draw from one stream, in this order)."""
+
+
 def synthesize(
-    out_dir: Path, seed: int = 0, *, small: bool = True, sizes: Sizes | None = None
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    small: bool = True,
+    sizes: Sizes | None = None,
+    progress: Callable[[int, int, Path], None] | None = None,
 ) -> list[Path]:
     """Write the demo files into ``out_dir`` (created) and return their paths.
 
-    ``sizes`` overrides ``small`` (tests use tiny grids).
+    ``sizes`` overrides ``small`` (tests use tiny grids). ``progress(done, total, path)``
+    is called before each file is computed and written (seconds each at demo size).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     sizes = sizes or (SMALL if small else FULL_GRID)
     rngs = [np.random.default_rng([seed, i]) for i in range(3)]
-    paths = synth_1d(out_dir, rngs[0], sizes)
-    paths.append(synth_darcy(out_dir, rngs[1], sizes))
-    paths.append(synth_diffreact(out_dir, rngs[2], sizes))
+    paths = []
+    for done, (name, write, stream) in enumerate(DEMO_FILES):
+        if progress is not None:
+            progress(done, len(DEMO_FILES), out_dir / name)
+        paths.append(write(out_dir, rngs[stream], sizes))
     return paths
