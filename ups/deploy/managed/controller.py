@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import posixpath
 import time
-from pathlib import Path
 
 import psutil
 
-from ups.bucket import Bucket, BucketError
+from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.hosts import VastHost
 from ups.deploy.managed.acquire import rent
@@ -34,7 +33,7 @@ from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import RunStatus, Supervision
 from ups.deploy.managed.rental_plan import container_spec
-from ups.deploy.managed.store import fetch_newer
+from ups.deploy.managed.resume import ResumePoints
 from ups.deploy.managed.watch import (
     RECOVERY_EVENT,
     InstanceLost,
@@ -79,6 +78,7 @@ class Keeper:
         self.run_id = plan.run_id
         self.run_dir = plan.local_runs / plan.run_id
         self.log = LocalLog(self.run_dir / "logs" / "launch.log")
+        self.points = ResumePoints(self.run_id, self.run_dir, self.log, sup, bucket, self.say)
         self.legs: list[Leg] = []
         """The instances this supervisor worked on (the record has every one of the run)."""
         self.lost_offers: set[int] = set()
@@ -149,7 +149,7 @@ class Keeper:
         self.lost_offers |= {r.offer_id for r in state.instances if r.instance_id in faulty}
         lost = verdict.end[0][0] if verdict.end else verdict.gone[0][0] if verdict.gone else None
         self.count(reason, lost)
-        self.pending = self.resume_point(reason, lost, time.monotonic())
+        self.pending = self.points.after_loss(reason, lost, time.monotonic())
         lc.plan = lc.plan.with_next_offer(lc.provider, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: picking up run "
@@ -232,7 +232,7 @@ class Keeper:
             self.sup.machine(leg.instance_id, inst.machine_id)
             self.lc.prepare(target, self.watchdog_key)
             if self.pending is None:  # the interrupted recovery cut and marked the log
-                self.pending = self.adoption_point()
+                self.pending = self.points.adopted()
             self.upload(target)
             leg.attach = False  # nothing runs there to follow: launch it
         return target
@@ -397,7 +397,7 @@ class Keeper:
         self.say(f"instance {leg.instance_id} lost: {reason} (about ${spent:.4f} spent on it)")
         self.lost_offers.add(self.lc.plan.offer.id)
         self.count(reason, leg.instance_id)
-        self.pending = self.resume_point(reason, leg.instance_id, detected)
+        self.pending = self.points.after_loss(reason, leg.instance_id, detected)
         self.lc.plan = self.lc.plan.with_next_offer(self.lc.provider, self.lost_offers)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
@@ -414,73 +414,13 @@ class Keeper:
             self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
         self.sup.instance_ended(instance_id, f"lost: {reason}")
 
-    def adoption_point(self) -> Pending:
-        """What an adopted instance resumes from: the newest good checkpoint here (the
-        bucket's first, when newer). The log stays as the interrupted recovery cut and
-        marked it."""
-        if self.bucket is not None:
-            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
-        newest = newest_good(self.run_dir / "checkpoints")
-        step, path = newest if newest else (0, None)
-        return Pending(self.recoveries, "adopted", step, path, 0, time.monotonic())
-
-    def resume_point(
-        self, reason: str, instance: int | None, detected: float, counted: bool = True
-    ) -> Pending:
-        """The newest good checkpoint here (the bucket's first, when newer); the log cut
-        back to it and marked; the record says where the counted recovery resumes."""
-        if self.bucket is not None:
-            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
-            self.catch_up_log()
-        newest = newest_good(self.run_dir / "checkpoints")
-        step, path = newest if newest else (0, None)
-        lost = self.run_dir / "logs" / f"lost-{instance or 'before'}.log"
-        last, moved = self.log.cut_after(step, lost)
-        if moved and self.bucket is not None:
-            self.keep_in_bucket(lost)
-        if counted:
-            self.sup.resumes_from(step, last - step)
-        self.log.mark(
-            recovery=self.recoveries,
-            reason=reason,
-            lost_instance=instance,
-            resume_step=step,
-            steps_lost=last - step,
-        )
-        return Pending(self.recoveries, reason, step, path, last - step, detected)
-
-    def catch_up_log(self) -> None:
-        """The lines the lost instance logged while no supervisor followed it: its last
-        upload of the log to the bucket, when it continues the copy here."""
-        assert self.bucket is not None
-        key = f"{self.run_id}/logs/launch.log"
-        try:
-            data = self.bucket.get_bytes(key)
-        except BucketError as err:
-            self.say(f"warning: the run's log in the bucket could not be read ({err})")
-            return
-        if data is not None and (added := self.log.catch_up(data)):
-            self.say(f"took {added} bytes of the run's log from {self.bucket.url_of(key)}")
-
-    def keep_in_bucket(self, lost: Path) -> None:
-        """The lines after the checkpoint a recovery resumes from (recomputed, so cut from
-        the log) stay in the bucket under their own name: the next upload of the log
-        replaces ``launch.log`` there."""
-        assert self.bucket is not None
-        try:
-            self.bucket.put_bytes(f"{self.run_id}/logs/{lost.name}", lost.read_bytes())
-        except BucketError as err:
-            self.say(f"warning: {lost.name} could not be kept in the bucket ({err})")
-
     def continue_local(self) -> None:
         """A run directory here with a checkpoint continues from it (the bucket's newest
         first, when it is newer); else a fresh log."""
-        if self.bucket is not None:
-            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
-        if newest_good(self.run_dir / "checkpoints") is None:
+        if self.points.newest()[1] is None:
             self.log.reset()
             return
-        self.pending = self.resume_point(
+        self.pending = self.points.after_loss(
             "continued from the local run directory", None, time.monotonic(), counted=False
         )
         self.say(
