@@ -8,6 +8,15 @@
 
     .venv/bin/python benchmarks/bench_preflight.py [--config configs/demo.yaml] [--repeat 3]
 
+3. ``--compare REF``: this checkout's ``ups-preflight`` against the code at git ``REF``
+   (extracted with ``git archive``, ``data/`` linked in), alternating ABAB, ``--repeat``
+   rounds: the wall time of the whole command on the demo config (all-reduce included),
+   the disk and all-reduce checks inside it, and the wall time and exit code of a bad
+   config (``ups launch`` on the same file for reference). Median (min-max).
+
+    .venv/bin/python benchmarks/bench_preflight.py --compare dc36953 --repeat 5 \
+        --json benchmarks/results/preflight_before_after_cpu.json
+
 Prints tables; ``--json PATH`` also writes the numbers.
 """
 
@@ -16,11 +25,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import io
+import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +134,98 @@ def time_preflight(config: Path | None, repeat: int) -> dict[str, Any]:
     }
 
 
+REPO = Path(__file__).resolve().parents[1]
+BAD_CONFIG = "training:\n  batch_size: 0\n  epochz: 3\n"
+"""A config ``ups launch`` refuses with exit 2: a value out of range and an unknown key."""
+
+
+def _source_tree(ref: str, where: Path) -> Path:
+    """The code at git ``ref`` under ``where`` (no worktree metadata), sharing data/."""
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    (where / "data").symlink_to(REPO / "data")
+    return where
+
+
+def _timed(cmd: list[str], tree: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Run ``cmd`` in ``tree`` with that tree's ups first on the path; its wall time."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    return time.perf_counter() - start, proc
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def _cell(row: dict[str, float], fmt: str = ".2f") -> str:
+    return f"{row['median']:{fmt}} ({row['min']:{fmt}}-{row['max']:{fmt}})"
+
+
+def compare(ref: str, repeat: int) -> dict[str, Any]:
+    """``ups-preflight`` at ``ref`` (A) and in this checkout (B), ABAB."""
+    py = sys.executable
+    full = [py, "-m", "ups.preflight.cli", "--json", "--events", "off", "--config",
+            "configs/demo.yaml", "--master-port"]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-preflight-") as tmp:
+        bad = Path(tmp, "bad.yaml")
+        bad.write_text(BAD_CONFIG)
+        bad_cmd = [py, "-m", "ups.preflight.cli", "--events", "off", "--config", str(bad)]
+        trees = {"before": _source_tree(ref, Path(tmp, "before")), "after": REPO}
+        samples: dict[str, dict[str, list[float]]] = {name: {} for name in trees}
+        codes: dict[str, set[int]] = {name: set() for name in trees}
+        for _ in range(repeat):
+            for name, tree in trees.items():  # ABAB: load drifts hit both alike
+                got = samples[name]
+                # A free port each time: other jobs on a shared machine take ports too.
+                wall, proc = _timed([*full, str(pick_free_port(0))], tree)
+                report = json.loads(proc.stdout)
+                if not report["ok"]:
+                    failed = [c for c in report["checks"] if c["status"] == "fail"]
+                    raise SystemExit(f"{name}: preflight failed: {jsonio.dumps(failed)[:3000]}")
+                checks = {c["name"]: c["duration_s"] for c in report["checks"]}
+                got.setdefault("command_s", []).append(wall)
+                got.setdefault("in_process_s", []).append(report["duration_s"])
+                got.setdefault("disk_s", []).append(checks["disk"])
+                got.setdefault("allreduce_s", []).append(checks["allreduce"])
+                wall, proc = _timed(bad_cmd, tree)
+                got.setdefault("bad_config_s", []).append(wall)
+                codes[name].add(proc.returncode)
+        ups = [py, "-c", "import sys; from ups.cli import main; sys.exit(main())"]
+        launch = [_timed([*ups, "launch", str(bad)], REPO) for _ in range(repeat)]
+    return {
+        "ref": ref,
+        "repeat": repeat,
+        **{name: {k: _spread(v) for k, v in got.items()} for name, got in samples.items()},
+        "bad_config_exit_codes": {name: sorted(c) for name, c in codes.items()},
+        "launch_bad_config_s": _spread([wall for wall, _ in launch]),
+        "launch_bad_config_exit_codes": sorted({proc.returncode for _, proc in launch}),
+    }
+
+
+def print_compare(result: dict[str, Any]) -> None:
+    rows = [
+        ("command_s", "`ups-preflight --config configs/demo.yaml` (all checks), s"),
+        ("in_process_s", "  of it, the checks (report duration_s), s"),
+        ("disk_s", "  disk check, s"),
+        ("allreduce_s", "  allreduce check, s"),
+        ("bad_config_s", "bad config: `ups-preflight --config bad.yaml`, s"),
+    ]
+    print(f"before = {result['ref']}, after = this checkout; median of {result['repeat']} "
+          "(min-max), ABAB\n")  # fmt: skip
+    print(f"| {'what':<62} | {'before':<20} | {'after':<20} |")
+    print(f"|{'-' * 64}|{'-' * 22}|{'-' * 22}|")
+    for key, label in rows:
+        print(f"| {label:<62} | {_cell(result['before'][key]):<20} "
+              f"| {_cell(result['after'][key]):<20} |")  # fmt: skip
+    codes = result["bad_config_exit_codes"]
+    print(f"\nbad config exit codes: before {codes['before']}, after {codes['after']}; "
+          f"`ups launch bad.yaml`: {_cell(result['launch_bad_config_s'])} s, "
+          f"exit {result['launch_bad_config_exit_codes']}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=Path("configs/demo.yaml"))
@@ -130,7 +233,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--iters", type=int, default=ITERS, help="timed iterations, both sides")
     p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--compare", metavar="REF", help="before (git REF) vs after, ABAB")
     args = p.parse_args(argv)
+    if args.compare:
+        result = compare(args.compare, args.repeat)
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"ups-preflight on {platform.node()} ({os.cpu_count()} CPUs, torch "
+              f"{torch.__version__}), load average after the run {load}")  # fmt: skip
+        print_compare(result)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(jsonio.dumps({"host": platform.node(), "cpus": os.cpu_count(),
+                                               "torch": torch.__version__, "load_average": load,
+                                               **result}, indent=2))  # fmt: skip
+        return 0
     setup_logging(stdout=io.StringIO(), console=False)  # keep the tables readable
     config = args.config if args.config.is_file() else None
 

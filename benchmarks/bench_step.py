@@ -29,6 +29,13 @@ is one field of a case: another (e.g. ``fsdp``) is one more entry in :data:`STRA
 (its config overrides) and, where its plain loop wraps the model differently, one more
 branch where the worker builds "plain".
 
+``--compare REF`` runs every try twice, alternating (ABAB): once with the code at git ``REF``
+(extracted with ``git archive``, ``data/`` linked in; its own copy of this script runs the
+ranks) and once with this checkout; the table then has a "before" and an "after" row per
+case, each ratio against the plain step measured in the same launch::
+
+    .venv/bin/python benchmarks/bench_step.py --compare dc36953 --cases ddp:demo:fp32 ddp:12x:fp32
+
 Results: stdout, ``benchmarks/results/step-cpu.txt`` and ``.json`` (``--out``).
 """
 
@@ -204,7 +211,19 @@ def worker(
         (out / "rank0.json").write_text(jsonio.dumps({**record, "parameters": params}))
 
 
-def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def _source_tree(ref: str, where: Path) -> Path:
+    """The code at git ``ref`` under ``where`` (no worktree metadata), sharing data/."""
+    where.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
+    (where / "data").symlink_to(REPO / "data")
+    return where
+
+
+def _case(
+    name: str, config: Path, args: argparse.Namespace, work: Path, trees: dict[str, Path]
+) -> list[dict[str, Any]]:
+    """``name`` run under each of ``trees`` (label: code), tries interleaved across them."""
     strategy, size, precision = name.split(":")
     sets = [*STRATEGIES[strategy], *SIZES[size], *PRECISIONS[precision]]
     sets += ["wandb.mode=disabled", f"distributed.backend={args.backend}"]
@@ -213,34 +232,36 @@ def _case(name: str, config: Path, args: argparse.Namespace, work: Path) -> dict
     drop = ("WANDB_", "UPS_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "TORCHELASTIC_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update({"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
-    tries = []
+    tries: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
     for i in range(args.repeats):
-        out = work / f"{name.replace(':', '-')}-{i}"
-        out.mkdir(parents=True)
-        print(f"running: {name} (try {i + 1}/{args.repeats})", flush=True)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={args.nproc}", "--monitor-interval=0.2", str(SCRIPT),
-               "--worker", str(out), str(config), str(args.steps), str(args.warmup),
-               str(args.util_seconds), *sets]  # fmt: skip
-        proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-        data = json.loads((out / "rank0.json").read_text())
-        tries.append(
-            {
-                **{f"{v} ms": statistics.median(data[v]) for v in VARIANTS},
-                **{f"{v} samples/s": 1000 * data["samples_per_step"] / statistics.median(data[v])
-                   for v in VARIANTS},
-                **{f"{v} gpu util %": data["util"].get(v) for v in VARIANTS},
-                **{f"{v} / plain": statistics.median(
-                    a / b for a, b in zip(data[v], data["plain"], strict=True)
-                ) for v in VARIANTS[:2]},
-                "agreement ms": statistics.median(data["agreement"]),
-            }
-        )  # fmt: skip
-    return {"case": name, "strategy": strategy, "size": size, "precision": precision,
-            "parameters": data["parameters"], "ranks": args.nproc, "backend": args.backend,
-            "tries": tries}  # fmt: skip
+        for label, tree in trees.items():
+            out = work / f"{name.replace(':', '-')}-{label}-{i}"
+            out.mkdir(parents=True)
+            print(f"running: {name} {label} (try {i + 1}/{args.repeats})", flush=True)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={args.nproc}", "--monitor-interval=0.2",
+                   str(tree / SCRIPT.relative_to(REPO)), "--worker", str(out), str(config),
+                   str(args.steps), str(args.warmup), str(args.util_seconds), *sets]  # fmt: skip
+            proc = subprocess.run(cmd, env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
+                                  capture_output=True, text=True, timeout=1800)  # fmt: skip
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} ({label}) failed:\n{proc.stderr[-3000:]}")
+            data = json.loads((out / "rank0.json").read_text())
+            tries[label].append(
+                {
+                    **{f"{v} ms": statistics.median(data[v]) for v in VARIANTS},
+                    **{f"{v} samples/s": 1000 * data["samples_per_step"]
+                       / statistics.median(data[v]) for v in VARIANTS},
+                    **{f"{v} gpu util %": data["util"].get(v) for v in VARIANTS},
+                    **{f"{v} / plain": statistics.median(
+                        a / b for a, b in zip(data[v], data["plain"], strict=True)
+                    ) for v in VARIANTS[:2]},
+                    "agreement ms": statistics.median(data["agreement"]),
+                }
+            )  # fmt: skip
+    return [{"case": name, "code": label, "strategy": strategy, "size": size,
+             "precision": precision, "parameters": data["parameters"], "ranks": args.nproc,
+             "backend": args.backend, "tries": rows} for label, rows in tries.items()]  # fmt: skip
 
 
 def _table(results: list[dict[str, Any]]) -> list[str]:
@@ -252,17 +273,18 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
         return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
     lines = [
-        "| strategy | model | precision | ups skip ms | ups fail ms | plain ms "
+        "| code | strategy | model | precision | ups skip ms | ups fail ms | plain ms "
         "| ups skip / plain | ups fail / plain | agreement ms "
         "| samples/s skip, fail, plain | GPU util % skip, fail, plain |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t = r["tries"]
         rates = ", ".join(cell(t, f"{v} samples/s", ".0f") for v in VARIANTS)
         util = ", ".join(cell(t, f"{v} gpu util %", ".0f") for v in VARIANTS)
         lines.append(
-            f"| {r['strategy']} | {r['size']} | {r['precision']} | {cell(t, 'ups skip ms', '.1f')} "
+            f"| {r['code']} | {r['strategy']} | {r['size']} | {r['precision']} "
+            f"| {cell(t, 'ups skip ms', '.1f')} "
             f"| {cell(t, 'ups fail ms', '.1f')} | {cell(t, 'plain ms', '.1f')} "
             f"| {cell(t, 'ups skip / plain', '.3f')} | {cell(t, 'ups fail / plain', '.3f')} "
             f"| {cell(t, 'agreement ms', '.2f')} | {rates} | {util} |"
@@ -288,12 +310,18 @@ def main() -> None:
     everything = [f"{s}:{m}:{p}" for s in STRATEGIES for m in ("demo", "12x") for p in PRECISIONS]
     parser.add_argument("--cases", nargs="+", default=everything, help="strategy:size:precision")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "step-cpu")
+    parser.add_argument("--compare", metavar="REF", help="the code at git REF vs this, ABAB")
     args = parser.parse_args()
     if args.config == DEMO_CONFIG and not (REPO / "data" / "demo").is_dir():
         subprocess.run([str(REPO / ".venv" / "bin" / "ups"), "data", "synth"], check=True, cwd=REPO)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
-        results = [_case(name, args.config, args, Path(tmp)) for name in args.cases]
+        trees = {"this": REPO}
+        if args.compare:
+            trees = {"before": _source_tree(args.compare, Path(tmp, "before")), "after": REPO}
+        results = [
+            r for name in args.cases for r in _case(name, args.config, args, Path(tmp), trees)
+        ]
     import torch
 
     head = [

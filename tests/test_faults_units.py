@@ -10,10 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 
+from ups.distributed.agreement import agree_local, status_length
+from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.stacks import DUMP_SIGNAL, parse_dump, where_stuck
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_NONFINITE
+from ups.preflight.checks.ports import pick_free_port
 from ups.train.failures import nonfinite_metrics
 from ups.train.faults import FaultInjector, fault_problems, parse_faults
 
@@ -117,3 +122,45 @@ def test_a_pause_holds_the_step_until_the_run_is_asked_to_stop() -> None:
     assert fault_problems([mine]) == []
     with pytest.raises(ValueError, match="kind pause holds the training process"):
         parse_faults("pause@1:2:loader")
+
+
+def test_the_gradient_check_finds_any_nan_or_inf_and_nothing_else() -> None:
+    """A NaN, +inf or -inf anywhere in the flat gradients flags the rank; finite values up
+    to float32's largest do not (the check cannot overflow)."""
+    params = [torch.zeros(3, 5, requires_grad=True), torch.zeros(7, requires_grad=True)]
+    grads = GradBuffer(params)
+    for value in (3.0e38, -3.0e38, 1e-45, 0.0):
+        grads.flat.fill_(value)
+        assert not bool(grads.nonfinite())
+    for position in (0, 14, 15, 21):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            grads.flat.fill_(1.0)
+            grads.flat[position] = bad
+            assert bool(grads.nonfinite()), (position, bad)
+
+
+def test_point_one_rides_in_the_gradient_all_reduce() -> None:
+    """The status row travels in the buffer's tail: the verdict holds the exact fp32 losses
+    and flags, the gradients are summed by the same collective and untouched by the row."""
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{pick_free_port(0, '127.0.0.1')}", rank=0,
+        world_size=1,
+    )  # fmt: skip
+    try:
+        params = [torch.zeros(4, requires_grad=True)]
+        grads = GradBuffer(params, status_length(2))
+        assert params[0].grad is not None
+        params[0].grad.copy_(torch.tensor([1.0, -2.0, 3.5, 0.25]))
+        losses = torch.tensor([0.123456789, float("nan")])
+        verdict = agree_local(
+            oom=False, nonfinite=grads.nonfinite(), losses=losses, n_tasks=2,
+            save_failed=False, stop=True, rank=0, world_size=1, device=torch.device("cpu"),
+            exchange_rows=grads.exchange,
+        )  # fmt: skip
+        assert verdict.stop and not verdict.oom_ranks and not verdict.nonfinite_ranks
+        assert verdict.losses[0][0] == float(losses[0])  # the fp32 value, exactly
+        assert verdict.losses[0][1] != verdict.losses[0][1]  # NaN reaches the reason text
+        grads.average(1)
+        assert params[0].grad.tolist() == [1.0, -2.0, 3.5, 0.25]
+    finally:
+        dist.destroy_process_group()

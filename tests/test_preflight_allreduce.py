@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import multiprocessing
+import socket
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from tests.fixtures.preflight_helpers import run_check
 from ups.preflight import Status
-from ups.preflight.checks.allreduce import AllReducePlan, AllReduceRun, execute, judge
+from ups.preflight.checks.allreduce import AllReducePlan, AllReduceRun, can_fork, execute, judge
 from ups.preflight.checks.ports import pick_free_port
 
 
@@ -25,7 +29,13 @@ def _plan(timeout_s: float, **kw: object) -> AllReducePlan:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the GPU-less path")
 def test_gloo_on_cpu_passes_and_says_so() -> None:
-    """Without GPUs the check runs gloo over 2 CPU processes, is correct, and reports busbw."""
+    """Without GPUs the check runs gloo over 2 CPU processes, is correct, and reports busbw;
+    forked from a process whose OpenMP pool has run (as torch's own work leaves it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    a = torch.ones(512, 512)
+    assert float((a @ a)[0, 0]) == 512
+    torch.set_num_threads(threads)
     result = run_check("allreduce")
     assert result.status is Status.PASS, result.message
     assert "gloo on CPU (no GPU), 2 processes: 0 wrong" in result.message
@@ -51,6 +61,38 @@ def test_peer_that_never_joins_fails_within_the_timeout() -> None:
     assert "rank(s) 0 did not finish within 8 s; rank(s) [1] never started" in run.error
     result = judge(plan, run, None)
     assert result.status is Status.FAIL and "never joined" in result.message
+    assert multiprocessing.active_children() == []  # the forked rank was reaped
+
+
+@pytest.mark.slow
+def test_forked_worker_that_fails_reports_its_error() -> None:
+    """Rank 0 cannot listen on a port taken by another socket: the check fails at once with
+    rank 0's own error text, and the waiting rank 1 is killed."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        plan = _plan(timeout_s=60.0, port=taken.getsockname()[1])
+        assert can_fork(plan)
+        run = execute(plan)
+    assert not run.ok and run.elapsed_s < 30
+    assert run.error == "worker(s) failed: rank 0 exit code 1"
+    assert run.exit_codes[1] is None  # killed, not left waiting
+    assert "EADDRINUSE" in run.stderr_tail[0]
+
+
+def test_workers_are_forked_only_where_that_is_safe() -> None:
+    """gloo workers fork from a plain process; nccl ones, and any from a process that is
+    itself in a process group (a forked child would inherit it), start fresh."""
+    assert can_fork(_plan(60.0))
+    assert not can_fork(_plan(60.0, backend="nccl"))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{pick_free_port(0, '127.0.0.1')}", rank=0,
+        world_size=1, timeout=dt.timedelta(seconds=30),
+    )  # fmt: skip
+    try:
+        assert not can_fork(_plan(60.0))
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow

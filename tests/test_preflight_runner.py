@@ -175,3 +175,23 @@ def test_cli_unknown_check_is_a_usage_error() -> None:
     proc = _cli("--only", "gpus")
     assert proc.returncode == 2
     assert "unknown check(s) gpus" in proc.stderr and "allreduce" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_bad_config_before_importing_torch(tmp_path: Path) -> None:
+    """A config with a value out of range and an unknown key exits 2 with every problem in
+    one paragraph, as `ups launch` does, and no check runs: torch is never imported, so
+    the refusal takes a fraction of a second (compose runs this before launch)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training:\n  batch_size: 0\n  epochz: 3\n")
+    code = (
+        "import sys\nfrom ups.preflight.cli import main\n"
+        f"rc = main(['--config', {str(bad)!r}, '--events', 'off'])\n"
+        "print('torch imported:', 'torch' in sys.modules)\nsys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "torch imported: False\n"  # no table, no check
+    assert f"invalid config {bad}: 3 problem(s)" in proc.stderr
+    assert "training.batch_size" in proc.stderr and "training.epochz" in proc.stderr

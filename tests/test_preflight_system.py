@@ -13,10 +13,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.fixtures.preflight_helpers import run_check, small_tmpfs
+from ups.config import load_config
 from ups.console.units import GiB
+from ups.data.pdebench import inspect_task
+from ups.model import build_model, task_shapes
 from ups.preflight import Status
+from ups.preflight.checks.disk import build_for_counting
 from ups.preflight.checks.shm import required_bytes
 
 
@@ -62,6 +67,25 @@ def test_disk_with_room_passes(make_config: Callable[..., Path]) -> None:
     result = run_check("disk", config=make_config())
     assert result.status in {Status.PASS, Status.WARN}
     assert result.threshold == 2.0
+
+
+def test_disk_estimate_counts_the_real_model_on_cpu_or_meta(
+    make_config: Callable[..., Path],
+) -> None:
+    """The model the disk estimate counts has the trainer's tensor sizes, whether it was built
+    on the CPU (small) or, past the element budget, on the meta device; the RNG is untouched."""
+    cfg = load_config(make_config())
+    shapes = task_shapes({t.name: inspect_task(t) for t in cfg.tasks})
+    rng = torch.get_rng_state()
+    cpu = build_for_counting(shapes, cfg)
+    meta = build_for_counting(shapes, cfg, cpu_elements=1000)
+    assert torch.equal(torch.get_rng_state(), rng)
+
+    def sizes(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+
+    assert next(cpu.parameters()).device.type == "cpu" and next(meta.parameters()).is_meta
+    assert sizes(cpu) == sizes(meta) == sizes(build_model(shapes, cfg.model))
 
 
 def test_low_nofile_warns_and_normal_passes() -> None:

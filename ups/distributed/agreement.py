@@ -10,7 +10,10 @@ collective it never joins.
 A step has two such points, reached on every path (see ``ups.train.loop``):
 
 1. :func:`agree_local` after the local work (forward, backward, packing the gradients
-   into the flat buffer); only if it is clean does the gradient all-reduce run;
+   into the flat buffer); only if every rank is clean are the gradients averaged and
+   used. Under DDP the table travels in the tail of the flat gradient buffer, so this
+   point and the gradient sum are one collective (``GradBuffer.exchange``): a rank that
+   failed sends zeros or garbage there, and nobody reads them;
 2. :func:`agree_update` after the update (unpacking, clipping, optimizer, scheduler).
 
 The exchange is an ``all_reduce(SUM)`` of a ``world_size x fields`` table in which each
@@ -25,7 +28,7 @@ import enum
 import math
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +38,11 @@ from torch import Tensor
 _HEARTBEAT = "ups/heartbeat/{rank}"
 _WHERE = "ups/where/{rank}"
 _FAILED = "ups/failed/{rank}"
+
+
+def status_length(n_tasks: int) -> int:
+    """Fields in one rank's row at point 1: oom, non-finite, save failed, stop, each loss."""
+    return 4 + n_tasks
 
 
 def exchange(row: Tensor, rank: int, world_size: int) -> list[list[float]]:
@@ -78,19 +86,22 @@ def agree_local(
     rank: int,
     world_size: int,
     device: torch.device,
+    exchange_rows: Callable[[Tensor, int, int], list[list[float]]] = exchange,
 ) -> LocalVerdict:
     """Point 1: join the status exchange after the local work. Exactly once per step.
 
     ``nonfinite`` may stay a device tensor: the exchange is the step's one host sync.
+    ``exchange_rows``: the collective that carries the rows (``GradBuffer.exchange``
+    carries the gradients too).
     """
-    row = torch.zeros(4 + n_tasks, dtype=torch.float64, device=device)
+    row = torch.zeros(status_length(n_tasks), dtype=torch.float64, device=device)
     row[0], row[2], row[3] = float(oom), float(save_failed), float(stop)
     row[1] = nonfinite.to(row.dtype) if isinstance(nonfinite, Tensor) else float(nonfinite)
     if losses is not None:
         row[4:] = losses.detach().to(row.dtype)
     else:
         row[4:] = math.nan
-    table = exchange(row, rank, world_size)
+    table = exchange_rows(row, rank, world_size)
     return LocalVerdict(
         oom_ranks=tuple(r for r in range(world_size) if table[r][0] > 0),
         nonfinite_ranks=tuple(r for r in range(world_size) if table[r][1] > 0),

@@ -46,6 +46,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
+from ups.distributed.agreement import exchange
+
 
 def shard_model(model: nn.Module, device: torch.device, world_size: int) -> FSDPModule:
     """``fully_shard`` the model over a 1-D mesh of every rank, for the fixed-point step.
@@ -118,7 +120,11 @@ class ShardedGrads:
             offset += n
         return ~torch.isfinite(self.flat).all()
 
-    def all_reduce_mean(self, world_size: int) -> None:
+    def exchange(self, row: Tensor, rank: int, world_size: int) -> list[list[float]]:
+        """Point 1: every rank's status row (the gradients travel after it, in average)."""
+        return exchange(row, rank, world_size)
+
+    def average(self, world_size: int) -> None:
         """After the agreement only: average the buffer across ranks in place, reshard
         (local) and give each sharded parameter its slice of the averaged gradient."""
         dist.all_reduce(self.flat, op=dist.ReduceOp.SUM)

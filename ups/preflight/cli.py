@@ -1,7 +1,7 @@
 """``ups-preflight`` / ``ups preflight``: run the checks, print a table or JSON, exit 0 if fit.
 
 Exit codes: 0 nothing failed (with ``--strict``: nothing warned either), 1 a check failed,
-2 bad usage (unknown check name, malformed flag).
+2 bad usage (unknown check name, malformed flag, invalid run config).
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ups.config import ConfigError, load_config
 from ups.log import setup_logging
+from ups.outcome import EXIT_CONFIG
 from ups.preflight.checks import CHECKS, GROUPS
 from ups.preflight.options import PreflightOptions
 from ups.preflight.runner import run_preflight, select_checks
@@ -113,6 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         select_checks(args.only, args.skip)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.config is not None:
+        # Before anything imports torch, as in `ups launch`: wrong keys or values end
+        # here in a fraction of a second (compose runs this before launch), not after a
+        # full preflight. Missing or malformed data files are the data check's to report.
+        try:
+            load_config(args.config, args.overrides, check_files=False)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_CONFIG
     # Events go to stderr so stdout carries only the table or the JSON document; on a
     # terminal they would repeat the table line by line, so auto leaves them out there.
     events = args.events == "on" or (args.events == "auto" and not sys.stderr.isatty())

@@ -3,9 +3,10 @@
 A step, on every rank, on every path (``training.oom_policy: skip``, the default)::
 
     forward, backward of each micro-batch  (guarded: OOM -> a flag; NaN/inf -> a flag)
-    heartbeat; agree_local              (OOM, non-finite, rank 0's failed save, SIGTERM)
+    heartbeat; agree_local              (OOM, non-finite, rank 0's failed save, SIGTERM),
+                                        in the same all_reduce as the gradient sum (DDP)
     -- only if every rank is clean --
-    gradient all-reduce (in place, in the flat buffer the gradients live in)
+    average the summed gradients (in place, in the flat buffer the gradients live in)
     clip, optimizer, scheduler          (guarded: OOM -> a status)
     agree_update                       (DONE / OOM before the optimizer / OOM inside it)
 
@@ -19,8 +20,10 @@ others fail at that collective within ``distributed.collective_timeout_s``, or a
 when its connections close). The one agreement left runs after the backward (non-finite,
 failed save, SIGTERM); an OOM in the update also ends the run, so there is no second one.
 
-Why two points and pre-allocation rather than one point: the all-reduce must come
-after the first agreement (a rank that failed has no gradients to send), and the update
+Why two points and pre-allocation rather than one point: the gradients can be used only
+once the first agreement says every rank has good ones (a rank that failed sends zeros or
+garbage, so under DDP the status rows ride in the gradient all-reduce and the sum is
+cleared unread when a rank failed; FSDP all-reduces after the agreement), and the update
 needs the all-reduce's result, so an OOM in the update can only be agreed at a second
 point. What can be allocated once is allocated at start so it cannot fail later: the
 flat gradient buffer (``GradBuffer``) and AdamW's state (``materialize_optimizer_state``).
@@ -61,7 +64,9 @@ from ups.distributed.agreement import (
     Update,
     agree_local,
     agree_update,
+    exchange,
     heartbeat,
+    status_length,
 )
 from ups.distributed.env import DistEnv
 from ups.distributed.process_group import set_collective_timeout
@@ -73,7 +78,7 @@ from ups.train.faults import FaultInjector
 from ups.train.local import LocalStep
 from ups.train.schedule import TrainState, materialize_optimizer_state, total_steps
 from ups.train.signals import StopFlag
-from ups.train.strategy import Strategy
+from ups.train.strategy import Grads, Strategy
 from ups.train.tracking import Tracker
 
 log = structlog.get_logger()
@@ -124,7 +129,8 @@ class Trainer:
         self.compiled = False
         """``torch.compile`` ran (set by ``ups.train.compile.compile_check``)."""
         materialize_optimizer_state(optimizer)
-        self.grads = None if self.fail_on_oom else strategy.grad_buffer(self.params)
+        table = env.world_size * status_length(len(self.tasks))
+        self.grads = None if self.fail_on_oom else strategy.grad_buffer(self.params, table)
         """``oom_policy: skip``: the gradients' own buffer; under ``fail`` DDP's buckets are."""
         self.local = LocalStep(cfg=cfg, device=device, strategy=strategy, injector=injector,
                                scaler=self.scaler, params=self.params, grads=self.grads,
@@ -251,7 +257,9 @@ class Trainer:
             self._free_memory()
         if not self.fail_on_oom:
             heartbeat(self.env.rank, step)
-        verdict = self._agree(oom=oom_reason is not None, nonfinite=nonfinite, losses=losses)
+        verdict = self._agree(
+            oom=oom_reason is not None, nonfinite=nonfinite, losses=losses, grads=self.grads
+        )
         if verdict.save_failed:
             raise self._save_failure()
         overflow = not verdict.oom_ranks and is_overflow(
@@ -268,7 +276,7 @@ class Trainer:
             )
         if verdict.clean:
             if self.grads is not None:
-                self.grads.all_reduce_mean(self.env.world_size)
+                self.grads.average(self.env.world_size)
             self._apply_update(batch, epoch, started, verdict)
         elif overflow:
             self._overflow_skip(verdict)
@@ -282,8 +290,17 @@ class Trainer:
         self.state.step += 1
         return verdict
 
-    def _agree(self, *, oom: bool, nonfinite: Tensor | bool, losses: Tensor | None) -> LocalVerdict:
+    def _agree(
+        self,
+        *,
+        oom: bool,
+        nonfinite: Tensor | bool,
+        losses: Tensor | None,
+        grads: Grads | None = None,
+    ) -> LocalVerdict:
+        """Point 1; with ``grads``, in their collective (the step's), else on its own."""
         return agree_local(
+            exchange_rows=exchange if grads is None else grads.exchange,
             oom=oom,
             nonfinite=nonfinite,
             losses=losses,

@@ -35,8 +35,12 @@ class Grads(Protocol):
     def nonfinite(self) -> Tensor:
         """After the local backward: a 0-d bool tensor, True when a gradient is NaN/inf."""
 
-    def all_reduce_mean(self, world_size: int) -> None:
-        """After the agreement, only when every rank is clean: the averaged gradients."""
+    def exchange(self, row: Tensor, rank: int, world_size: int) -> list[list[float]]:
+        """Point 1 of the step: every rank's status row as a table (``GradBuffer`` sums the
+        gradients in the same collective; ``ShardedGrads`` after it)."""
+
+    def average(self, world_size: int) -> None:
+        """After point 1, only when every rank is clean: the averaged gradients."""
 
     def zero(self) -> None:
         """After the step: clear the gradients for the next one."""
@@ -53,7 +57,9 @@ class Strategy(Protocol):
     def local_backward(self) -> AbstractContextManager[None]:
         """Forward and backward inside this run no collective."""
 
-    def grad_buffer(self, params: Sequence[Tensor]) -> Grads: ...
+    def grad_buffer(self, params: Sequence[Tensor], status_len: int) -> Grads:
+        """Where the step's gradients go; ``status_len``: the size of point 1's status table."""
+
     def clip(self, params: Sequence[Tensor], max_norm: float) -> None: ...
     def repair(
         self, params: Sequence[Tensor], optimizer: torch.optim.Optimizer, source: int, step: int
@@ -105,8 +111,8 @@ class DDPStrategy:
     def local_backward(self) -> AbstractContextManager[None]:
         return self.ddp.no_sync()
 
-    def grad_buffer(self, params: Sequence[Tensor]) -> Grads:
-        return GradBuffer(params)
+    def grad_buffer(self, params: Sequence[Tensor], status_len: int) -> Grads:
+        return GradBuffer(params, status_len)
 
     def clip(self, params: Sequence[Tensor], max_norm: float) -> None:
         nn.utils.clip_grad_norm_(params, max_norm)

@@ -49,7 +49,7 @@ class FSDPStrategy:
     def local_backward(self) -> AbstractContextManager[None]:
         return contextlib.nullcontext()  # gradient sync is off for good (shard_model)
 
-    def grad_buffer(self, params: Sequence[Tensor]) -> Grads:
+    def grad_buffer(self, params: Sequence[Tensor], status_len: int) -> Grads:
         self.grads = ShardedGrads(self.sharded, self.env.rank, self.env.world_size)
         return self.grads
 

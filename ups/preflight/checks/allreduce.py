@@ -4,12 +4,18 @@ One process per GPU with nccl; on a host without GPUs, gloo with CPU processes s
 check (and the process-group plumbing under it) is exercised everywhere. Every worker
 runs under one outer deadline: a peer that never joins, hangs or dies fails the check
 in bounded time and the remaining workers are killed.
+
+nccl workers are fresh interpreters (CUDA cannot be used in a forked child); gloo workers
+are forked from this process, which has torch imported already: a fresh interpreter
+would spend a second or more importing torch before its first collective.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,10 +59,12 @@ class AllReducePlan:
     gpu_name: str | None = None
 
     def command(self, rank: int) -> list[str]:
+        """A fresh interpreter running ``rank``."""
+        return [sys.executable, "-m", "ups.preflight.allreduce_worker", *self.worker_args(rank)]
+
+    def worker_args(self, rank: int) -> list[str]:
+        """``rank``'s arguments to :func:`ups.preflight.allreduce_worker.main`."""
         return [
-            sys.executable,
-            "-m",
-            "ups.preflight.allreduce_worker",
             "--rank",
             str(rank),
             "--world-size",
@@ -119,6 +127,70 @@ def plan_for(ctx: Context, timeout_s: float) -> AllReducePlan:
     )
 
 
+def can_fork(plan: AllReducePlan) -> bool:
+    """Whether ``plan``'s workers may be forked from this process.
+
+    Only gloo on CPU tensors, and only while this process holds no CUDA context and no
+    process group: a forked child can use neither, and would inherit the group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]  # unannotated
+    in_group = dist.is_available() and dist.is_initialized()
+    return plan.backend == "gloo" and not cuda and not in_group
+
+
+class _ForkedRank:
+    """A worker forked from this process, with the part of Popen's interface execute uses."""
+
+    def __init__(self, args: list[str], out: Path, err: Path) -> None:
+        # Imported here so that every forked child finds them loaded.
+        import torch.distributed  # noqa: F401
+
+        import ups.preflight.allreduce_worker  # noqa: F401
+
+        context = multiprocessing.get_context("fork")
+        self._proc = context.Process(target=_forked_main, args=(args, out, err), daemon=True)
+        self._proc.start()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def kill(self) -> None:
+        self._proc.kill()
+
+    def wait(self) -> int | None:
+        self._proc.join()
+        return self._proc.exitcode
+
+
+def _forked_main(args: list[str], out: Path, err: Path) -> None:
+    """A forked worker: what a fresh one would have (own output files, default signal
+    handling, one thread, no torchrun variables), then the worker's own ``main``."""
+    import torch
+
+    from ups.preflight import allreduce_worker
+
+    for signum in (signal.SIGINT, signal.SIGTERM):  # not the parent's handlers
+        signal.signal(signum, signal.SIG_DFL)
+    # New file objects: another thread of the parent may have held the inherited
+    # sys.stdout's lock at the fork. fd 2 too, for faulthandler and gloo's own messages.
+    sys.stdout = out.open("w")  # process-long, flushed at exit
+    sys.stderr = err.open("w", buffering=1)
+    os.dup2(sys.stderr.fileno(), 2)
+    for key in _SCRUB_ENV:
+        os.environ.pop(key, None)
+    # As OMP_NUM_THREADS=1 does for a fresh worker; the parent's OpenMP pool is not
+    # usable in a forked child, one thread never touches it.
+    torch.set_num_threads(1)
+    sys.exit(allreduce_worker.main(args))
+
+
 def execute(plan: AllReducePlan, ranks: list[int] | None = None) -> AllReduceRun:
     """Start the workers (``ranks``: a subset, to simulate a peer that never joins) and wait.
 
@@ -128,17 +200,20 @@ def execute(plan: AllReducePlan, ranks: list[int] | None = None) -> AllReduceRun
     ranks = list(range(plan.world_size)) if ranks is None else ranks
     env = {k: v for k, v in os.environ.items() if k not in _SCRUB_ENV}
     env.setdefault("OMP_NUM_THREADS", "1")
+    fork = can_fork(plan)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ups-preflight-ar-") as tmp:
-        procs: dict[int, subprocess.Popen[bytes]] = {}
+        procs: dict[int, subprocess.Popen[bytes] | _ForkedRank] = {}
         for rank in ranks:
-            with (
-                Path(tmp, f"rank{rank}.out").open("wb") as out,
-                Path(tmp, f"rank{rank}.err").open("wb") as err,
-            ):
-                procs[rank] = subprocess.Popen(
-                    plan.command(rank), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env
-                )
+            out_path, err_path = Path(tmp, f"rank{rank}.out"), Path(tmp, f"rank{rank}.err")
+            with out_path.open("wb") as out, err_path.open("wb") as err:
+                if fork:
+                    procs[rank] = _ForkedRank(plan.worker_args(rank), out_path, err_path)
+                else:
+                    procs[rank] = subprocess.Popen(
+                        plan.command(rank), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                        env=env,
+                    )  # fmt: skip
         deadline = start + plan.timeout_s
         failed_early = False
         while time.perf_counter() < deadline:

@@ -4,7 +4,8 @@ The estimate: one checkpoint is the model's state (parameters, buffers) plus Ada
 two moments (about 3x the parameter bytes, plus a little pickling overhead);
 ``checkpoint.keep_last`` of them are kept and one more is being written before the
 oldest is pruned; logs add about ``LOG_BYTES_PER_STEP`` per rank per step. The model is
-built on the meta device, so no parameter memory is allocated to count them.
+built to count its tensors: on the CPU when it is small, else on the meta device, so no
+parameter memory is allocated for a big one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ups.config import Config
 from ups.console.units import GiB, human_bytes
@@ -26,6 +28,54 @@ LOG_BYTES_PER_STEP = 2048
 """Per rank per step: the rank's JSON log line(s) and W&B's offline record, generously."""
 CHECKPOINT_OVERHEAD = 1.05
 """Pickle headers and the small state (scheduler, step counters, RNG) around the tensors."""
+CPU_BUILD_ELEMENTS = 1 << 24
+"""A model is built on the CPU (milliseconds) while the tensors made so far hold at most
+this many elements (64 MiB of fp32); past that it is built again on the meta device,
+whose first random fill imports torch's compiler stack: about 1 s, far more on a busy host."""
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ups.model import TaskShape
+
+
+class _TooBig(Exception):
+    pass
+
+
+def build_for_counting(
+    shapes: list[TaskShape], cfg: Config, cpu_elements: int = CPU_BUILD_ELEMENTS
+) -> nn.Module:
+    """The run's model with the right tensor sizes (values are not the run's own)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    from ups.model import build_model
+
+    class Budget(TorchFunctionMode):
+        """Stops the build once its tensors exceed ``cpu_elements``: a big tensor is only
+        allocated by then (``torch.empty``), not yet written, so that costs nothing."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.elements = 0
+
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                self.elements += out.numel()
+                if self.elements > cpu_elements:
+                    raise _TooBig
+            return out
+
+    try:
+        with torch.random.fork_rng(devices=[]), Budget():  # leave this process's RNG as it was
+            return build_model(shapes, cfg.model)
+    except _TooBig:
+        with torch.device("meta"):
+            return build_model(shapes, cfg.model)
 
 
 def _existing(path: Path) -> Path:
@@ -38,16 +88,13 @@ def _existing(path: Path) -> Path:
 
 def estimate_run_bytes(cfg: Config, world_size: int) -> dict[str, int]:
     """What the run will write under ``run.output_dir``; raises ValueError/DataError."""
-    # torch and the model only here, when the check runs (ups.preflight.checks: importing
+    # The data and the model only here, when the check runs (ups.preflight.checks: importing
     # the checks must stay cheap, since launch imports the ports check for its port).
-    import torch
-
     from ups.data.pdebench import PDEBenchDataset, inspect_task
-    from ups.model import build_model, task_shapes
+    from ups.model import task_shapes
 
     infos = {t.name: inspect_task(t) for t in cfg.tasks}
-    with torch.device("meta"):
-        model = build_model(task_shapes(infos), cfg.model)
+    model = build_for_counting(task_shapes(infos), cfg)
     param_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     checkpoint = int((param_bytes + 2 * trainable) * CHECKPOINT_OVERHEAD)
