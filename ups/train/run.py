@@ -66,7 +66,7 @@ from ups.train.resume import (
 from ups.train.schedule import TrainState, lr_schedule, total_steps
 from ups.train.sharded import other_format_checkpoint
 from ups.train.signals import StopFlag
-from ups.train.strategy import make_strategy
+from ups.train.strategies import make_strategy
 from ups.train.tracking import Tracker
 from ups.worker_death import LOADER_DIED, worker_death
 

@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ups.config.schema import TrainingConfig
 from ups.distributed.agreement import broadcast_replica
 from ups.distributed.env import DistEnv
 from ups.distributed.gradbuf import GradBuffer
@@ -143,16 +142,3 @@ class DDPStrategy:
 
     def weights(self) -> dict[str, Tensor]:
         return self.module.state_dict()
-
-
-def make_strategy(
-    training: TrainingConfig, model: LatentOperator, device: torch.device, env: DistEnv
-) -> Strategy:
-    """The strategy ``training.strategy`` names, wrapping ``model`` (already on ``device``)."""
-    if training.strategy == "fsdp":
-        # Only here: FSDP and torch.distributed.checkpoint take about 1 s of CPU to import,
-        # which every DDP worker would otherwise pay.
-        from ups.train.strategy_fsdp import FSDPStrategy
-
-        return FSDPStrategy(model, device, env)
-    return DDPStrategy(model, device, env, bucket_view=training.oom_policy == "fail")
