@@ -151,6 +151,36 @@ def test_reconcile_follows_the_live_instance_and_blames_only_a_failed_host() -> 
     assert reconcile(_record((7, 3.0)), []).continue_local
 
 
+@pytest.mark.parametrize(
+    ("phase", "recorded", "listed", "follow"),
+    [
+        # killed after it destroyed the outbid instance, before the create: nothing is
+        # left and every recorded instance was ended by a supervisor; the run continues
+        # from its checkpoint (the recovery was already counted)
+        ("after the old one is destroyed", [(5, 1.0)], [], None),
+        # killed right after the create (the record may not name it yet): adopted
+        ("right after the create", [(5, 1.0)], [{"id": 7, "actual_status": "loading"}], 7),
+        ("while it loads", [(5, 1.0), (7, None)], [{"id": 7, "actual_status": "loading"}], 7),
+        # running, but setup, checkpoint upload or preflight not done: followed, and the
+        # Keeper does the missing steps (attach)
+        ("running, before setup", [(5, 1.0), (7, None)], [{"id": 7, "actual_status": "running"}],
+         7),
+    ],
+)  # fmt: skip
+def test_a_supervisor_killed_at_each_phase_of_a_recovery_is_picked_up(
+    phase: str,
+    recorded: list[tuple[int, float | None]],
+    listed: list[dict[str, Any]],
+    follow: int | None,
+) -> None:
+    """Wherever a recovering supervisor was killed, the next one neither ends a healthy
+    replacement nor counts a second recovery for the one loss."""
+    verdict = reconcile(_record(*recorded), [_inst(**row) for row in listed])
+    assert verdict.end == [] and verdict.recovery is None, phase
+    assert (verdict.follow.id if verdict.follow else None) == follow, phase
+    assert verdict.continue_local == (follow is None), phase
+
+
 def test_all_matching_offers_excluded_is_not_no_offer(tmp_path: Path, monkeypatch: Any) -> None:
     """When offers matched but ups left every one out itself, the error says so, each with
     why; "no Vast offer matches" is kept for a query that matched nothing."""

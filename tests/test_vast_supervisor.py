@@ -281,6 +281,7 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert len(costs) == 2 and total == pytest.approx(sum(costs), abs=2e-4), summary
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "finished" and len(record["instances"]) == 2
+    assert record["bucket_checkpoint"] == 20  # the bucket's newest committed checkpoint
     (recovery,) = record["history"]
     assert recovery["lost_instance"] == first.id and recovery["resume_step"] == 10
     assert recovery["downtime_s"] is not None

@@ -39,7 +39,9 @@ class ResumePoints:
     def newest(self) -> tuple[int, Path | None]:
         """The newest good checkpoint here after fetching the bucket's when it is newer."""
         if self.bucket is not None:
-            fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+            found = fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
+            if found is not None:
+                self.sup.bucket_has(found)  # the record names the bucket's newest checkpoint
         newest = newest_good(self.run_dir / "checkpoints")
         return newest if newest else (0, None)
 

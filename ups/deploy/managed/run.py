@@ -19,6 +19,7 @@ from ups.deploy.managed.errors import Interrupted
 from ups.deploy.managed.lease import LeaseLost
 from ups.deploy.managed.lifecycle import Lifecycle, signals_interrupt
 from ups.deploy.managed.record import Supervision
+from ups.deploy.managed.store import newest_step
 from ups.deploy.managed.watch import Leg
 from ups.deploy.onhost import operate
 
@@ -50,6 +51,8 @@ def run(
             if not plan.deploy.follow:
                 return _detached(lifecycle, keeper, env, mirror)
             code = keeper.run()
+            if bucket is not None and (step := newest_step(bucket, plan.run_id)) is not None:
+                sup.bucket_has(step)
             sup.finished(f"exit {code}", code)
     except LeaseLost:
         keeper.log.close()

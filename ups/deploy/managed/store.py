@@ -83,15 +83,28 @@ def saved_state(bucket: Bucket, run_id: str, say: Callable[[str], None]) -> Stat
     return None
 
 
-def fetch_newer(bucket: Bucket, run_id: str, local_dir: Path, say: Callable[[str], None]) -> None:
-    """Bring the bucket's newest committed checkpoint home when it is newer than ours."""
+def fetch_newer(
+    bucket: Bucket, run_id: str, local_dir: Path, say: Callable[[str], None]
+) -> int | None:
+    """Bring the bucket's newest committed checkpoint home when it is newer than ours;
+    return its step (None: the bucket has none, or could not be read)."""
     try:
         ref = newest_checkpoint(bucket, run_id)
         have = local_checkpoints(local_dir)
         if ref is None or (have and have[-1][0] >= ref.step):
-            return
+            return None if ref is None else ref.step
         path = fetch_checkpoint(bucket, ref, local_dir)
     except BucketError as err:
         say(f"warning: the bucket's checkpoints could not be read ({err}); using the local ones")
-        return
+        return None
     say(f"fetched checkpoint step {ref.step} from {bucket.url_of(ref.key)} to {path}")
+    return ref.step
+
+
+def newest_step(bucket: Bucket, run_id: str) -> int | None:
+    """The step of the bucket's newest committed checkpoint (None: none, or unreadable)."""
+    try:
+        ref = newest_checkpoint(bucket, run_id)
+    except BucketError:
+        return None
+    return None if ref is None else ref.step
