@@ -211,12 +211,17 @@ class Keeper:
         return target
 
     def attach(self, leg: Leg) -> Target:
-        """The instance a previous supervisor rented, as it is (its host key was recorded
-        when that supervisor first reached it)."""
-        inst = self.lc.wait_running(leg.instance_id, time.monotonic() + self.spec.boot_timeout_s)
+        """The instance a previous supervisor rented, as it is: its host key as recorded
+        when that supervisor first reached it, else reached now (keys may still be arriving);
+        the steps that supervisor had not done are done first."""
+        deadline = time.monotonic() + self.spec.boot_timeout_s
+        inst = self.lc.wait_running(leg.instance_id, deadline)
         assert inst.ssh_host and inst.ssh_port  # wait_running returns only with an address
-        spec = container_spec(self.spec, inst.ssh_host, inst.ssh_port)
-        target = Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+        if self.lc.reached(inst):
+            spec = container_spec(self.spec, inst.ssh_host, inst.ssh_port)
+            target = Target(spec=spec, known_hosts=self.lc.known_hosts, out=self.lc.out)
+        else:  # its supervisor was stopped before SSH: the keys may still be arriving
+            target = self.lc.wait_ssh(inst, deadline)
         conn = target.connect()
         try:
             there = existing(target, conn, self.run_id)

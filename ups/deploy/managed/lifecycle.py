@@ -193,6 +193,11 @@ class Lifecycle:
             f"{meaning}: {msg}",
         )
 
+    def reached(self, inst: RentedInstance) -> bool:
+        """Whether ups has reached this instance over SSH before (its host key recorded)."""
+        assert inst.ssh_host and inst.ssh_port
+        return knows_host(self.known_hosts, known_hosts_name(inst.ssh_host, inst.ssh_port))
+
     def wait_ssh(self, inst: RentedInstance, deadline: float) -> Target:
         """Retry SSH with backoff until it answers (Vast installs keys after 'running')."""
         assert inst.ssh_host and inst.ssh_port
@@ -316,6 +321,15 @@ class Lifecycle:
         worth keeping, and it must not bill."""
         self.destroy(instance_id, reason)
         self.created.remove(instance_id)
+
+
+def knows_host(known_hosts: Path, name: str) -> bool:
+    """Whether a key is recorded for this address (a supervisor reached it before)."""
+    if not known_hosts.exists():
+        return False
+    client = paramiko.SSHClient()
+    load_into(client, known_hosts)
+    return name in client.get_host_keys()
 
 
 def forget_host_key(known_hosts: Path, name: str) -> None:
