@@ -22,8 +22,10 @@ import pytest
 class MotoServer:
     """One moto S3 server; ``bucket`` exists once it has started."""
 
-    def __init__(self, root: Path, bucket: str = "ups-test") -> None:
-        self.root, self.bucket = root, bucket
+    def __init__(self, root: Path, bucket: str | None = None) -> None:
+        # moto keeps every server's objects in one in-process store: a bucket of its own
+        # per server, or a test sees the objects an earlier test on this worker left.
+        self.root, self.bucket = root, bucket or f"ups-test-{secrets.token_hex(4)}"
         self.access_key = "UPSTEST" + secrets.token_hex(8).upper()
         self.secret_key = "ups-test-secret-" + secrets.token_hex(16)
         self.port = 0
