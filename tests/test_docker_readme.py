@@ -231,59 +231,43 @@ def test_readme_up_runs_beside_other_runs_and_exits_with_its_own_code(clone: Clo
             clone.compose(env, "down --remove-orphans --timeout 5")
 
 
-def test_readme_up_runs_as_the_owner_of_runs(clone: Clone) -> None:
-    """When runs/ belongs to uid 1000 the run writes its files as uid 1000, and an empty
-    root-owned cache/ (what the engine creates for a missing mount) is handed to it;
-    forcing another uid that cannot write runs/ ends with one paragraph naming the
-    directory, the uid and the chown that fixes it, a non-zero exit and no traceback."""
+def test_readme_up_runs_as_the_owner_of_runs_with_a_key_nothing_else_sees(
+    clone: Clone, ups_image: str
+) -> None:
+    """One run drills both the owner of runs/ and the W&B key file. When runs/ belongs to
+    uid 1000 the run writes its files as uid 1000, and an empty root-owned cache/ (what
+    the engine creates for a missing mount) is handed to it. A root-only 0600 key file
+    named by UPS_WANDB_KEY_FILE is readable by the run's user inside the container, and
+    the key is in no `docker inspect`, no process's argv, no log line, no run file and no
+    image layer. Forcing another uid that cannot write runs/ ends with one paragraph
+    naming the directory, the uid and the chown that fixes it, a non-zero exit and no
+    traceback."""
+    key = "ups-test-" + secrets.token_hex(16)
+    key_file = clone.root.parent / "wandb_key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
     os.chown(clone.root / "runs", 1000, 1000)
     cache = clone.root / "cache"
     cache.mkdir(exist_ok=True)
     for leftover in cache.iterdir():
         leftover.unlink()
     os.chown(cache, 0, 0)
-    try:
-        good = clone.run("up", UPS_CONFIG=clone.config("owner"))
-        assert good.returncode == 0, good.stdout[-4000:]
-        run_id = re.findall(r'"run_id":"([^"]+)"', good.stdout)[-1]
-        written = clone.root / "runs" / run_id / "outcome.json"
-        assert (written.stat().st_uid, written.stat().st_gid) == (1000, 1000)
-        assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
-
-        bad = clone.run("up", UPS_CONFIG=clone.config("owner"), UPS_USER="1001:1001")
-        assert bad.returncode != 0
-        assert "Traceback" not in bad.stdout
-        assert "cannot write /app/runs (the host directory ./runs" in bad.stdout
-        assert "this container runs as uid 1001:1001" in bad.stdout
-        assert "`sudo chown -R 1001:1001 ./runs`" in bad.stdout
-        assert '"train_step"' not in bad.stdout
-    finally:
-        for name in ("runs", "cache"):
-            os.chown(clone.root / name, 0, 0)
-
-
-def test_wandb_key_reaches_the_run_and_nothing_else(clone: Clone, ups_image: str) -> None:
-    """A root-only 0600 key file named by UPS_WANDB_KEY_FILE is readable by the run's user
-    (uid 1000) inside the container, and the key is in no `docker inspect`, no process's
-    argv, no log line and no image layer."""
-    key = "ups-test-" + secrets.token_hex(16)
-    key_file = clone.root.parent / "wandb_key"
-    key_file.write_text(key + "\n")
-    key_file.chmod(0o600)
-    for name in ("runs", "cache"):
-        (clone.root / name).mkdir(exist_ok=True)
-        os.chown(clone.root / name, 1000, 1000)
     probe = (
         "import hashlib, os, pathlib; k = os.environ.get('WANDB_API_KEY', '').encode(); "
         "argv = b''.join(p.read_bytes() for p in pathlib.Path('/proc').glob('[0-9]*/cmdline')); "
         "print('PROBE', os.getuid(), hashlib.sha256(k).hexdigest(), k in argv)"
     )
-    env = {"UPS_WANDB_KEY_FILE": str(key_file), "UPS_CONFIG": clone.config("key")}
+    env = {"UPS_WANDB_KEY_FILE": str(key_file), "UPS_CONFIG": clone.config("owner")}
     project = f"ups-key-{uuid.uuid4().hex[:8]}"
     compose = f"{CPU_COMPOSE} -p {project}"
     try:
         up = clone.run("up", **env)  # a real run with the key: logs and run files
         assert up.returncode == 0, up.stdout[-4000:]
+        run_id = re.findall(r'"run_id":"([^"]+)"', up.stdout)[-1]
+        written = clone.root / "runs" / run_id / "outcome.json"
+        assert (written.stat().st_uid, written.stat().st_gid) == (1000, 1000)
+        assert (cache.stat().st_uid, cache.stat().st_gid) == (1000, 1000)
+
         checked = subprocess.run(
             ["bash", "-c", f"{compose} run --no-deps --name {project}-probe "
              f'--entrypoint ups-entrypoint train-ddp python -c "{probe}"'],
@@ -300,11 +284,18 @@ def test_wandb_key_reaches_the_run_and_nothing_else(clone: Clone, ups_image: str
         )
         assert inspect.returncode == 0 and key not in inspect.stdout
         assert key not in up.stdout and key not in checked.stdout + checked.stderr
-        run_id = re.findall(r'"run_id":"([^"]+)"', up.stdout)[-1]
         for path in (clone.root / "runs" / run_id).rglob("*"):
             if path.is_file() and not path.is_symlink():
                 assert key.encode() not in path.read_bytes(), path
         assert not _image_contains(ups_image, key.encode())
+
+        bad = clone.run("up", UPS_CONFIG=clone.config("owner"), UPS_USER="1001:1001")
+        assert bad.returncode != 0
+        assert "Traceback" not in bad.stdout
+        assert "cannot write /app/runs (the host directory ./runs" in bad.stdout
+        assert "this container runs as uid 1001:1001" in bad.stdout
+        assert "`sudo chown -R 1001:1001 ./runs`" in bad.stdout
+        assert '"train_step"' not in bad.stdout
     finally:
         subprocess.run(
             ["bash", "-c", f"{compose} down --remove-orphans; docker rm -f {project}-probe"],
