@@ -32,6 +32,7 @@ from ups.deploy.managed.faults import HostFault, failed_checks, preflight_side
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import RunStatus, Supervision
+from ups.deploy.managed.renewal import renewal_for
 from ups.deploy.managed.rental_plan import container_spec
 from ups.deploy.managed.resume import ResumePoints
 from ups.deploy.managed.watch import (
@@ -287,6 +288,7 @@ class Keeper:
                 then=lambda got: self.sup.synced(got.step),
             )
             sync.start(spec.sync_every_s)
+            renewal = renewal_for(target, plan, self.say)
             try:
                 code = follow(
                     target,
@@ -300,6 +302,8 @@ class Keeper:
                 reason = monitor.check() or f"SSH unreachable for {spec.ssh_lost_s:.0f} s"
                 raise InstanceLost(monitor.instance_id, reason) from err
             finally:
+                if renewal is not None:
+                    renewal.stop()
                 sync.stop()
                 sync.close()
                 self.synced += sync.synced

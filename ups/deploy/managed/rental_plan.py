@@ -55,7 +55,7 @@ class VastPlan:
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
-        return build_plan(
+        plan = build_plan(
             spec,
             self.config,
             cfg=self.cfg,
@@ -65,6 +65,7 @@ class VastPlan:
             skip_preflight=self.skip_preflight,
             env=self.env,
         )
+        return rented(plan, self.cfg, self.deadline_epoch)
 
     @property
     def run_id(self) -> str:
@@ -73,7 +74,10 @@ class VastPlan:
     def with_deadline(self, deadline: float) -> VastPlan:
         """The same plan with the instance's watchdog ending it at ``deadline`` (epoch)."""
         return dataclasses.replace(
-            self, deadline_epoch=deadline, onstart=onstart_command(self.spec, deadline)
+            self,
+            deadline_epoch=deadline,
+            onstart=onstart_command(self.spec, deadline),
+            deploy=rented(self.deploy, self.cfg, deadline),
         )
 
     def watchdog_file(self, workdir: str, name: str = "") -> str:
@@ -184,6 +188,7 @@ def build_vast_plan(
         skip_preflight=skip_preflight,
         env=env,
     )
+    deploy = rented(deploy, cfg, deadline)
     return VastPlan(
         spec=spec,
         offer=offer,
@@ -201,6 +206,17 @@ def build_vast_plan(
         env=env,
         avoided=avoided,
     )
+
+
+def rented(plan: DeployPlan, cfg: Config, deadline: float) -> DeployPlan:
+    """A container plan for a rented host: its bucket credentials are minted for the run
+    and live until the run's ``deadline`` (plus a margin), unless the config says
+    ``credentials: account``."""
+    access = plan.bucket_access
+    if access is None or cfg.checkpoint_sync.credentials == "account":
+        return plan
+    scoped = dataclasses.replace(access, mode="scoped", until=deadline)
+    return dataclasses.replace(plan, bucket_access=scoped)
 
 
 def search(
