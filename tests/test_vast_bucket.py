@@ -15,6 +15,7 @@ import pytest
 
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
+from tests.fake_wandb import FakeWandb, fake_wandb
 from tests.moto_server import MotoServer, moto_server
 from ups.bucket import Bucket, committed_checkpoints
 from ups.bucket.credentials import parse_file
@@ -22,7 +23,7 @@ from ups.config.schema import Config
 from ups.deploy.hosts import HostsFile, VastHost
 from ups.deploy.onhost.plan import build_plan
 
-__all__ = ["demo_data", "fake_vast", "moto_server"]  # fixtures used by name below
+__all__ = ["demo_data", "fake_vast", "fake_wandb", "moto_server"]  # fixtures used by name below
 
 
 def _instance_leaks(fake: FakeVast, secret: bytes) -> list[str]:
@@ -50,7 +51,11 @@ def _files_holding(root: Path, secret: bytes) -> list[str]:
 @pytest.mark.ssh
 @pytest.mark.slow
 def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
-    fake_vast: FakeVast, demo_data: Path, moto_server: MotoServer, tmp_path: Path
+    fake_vast: FakeVast,
+    demo_data: Path,
+    moto_server: MotoServer,
+    fake_wandb: FakeWandb,
+    tmp_path: Path,
 ) -> None:
     """hosts.yaml names a bucket; the laptop has its account keys in its environment and
     AWS_ENDPOINT_URL (moto: S3 and STS). Deploy mints credentials for the run (STS
@@ -59,7 +64,11 @@ def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
     and the instance uploads every checkpoint and the outcome without a failed upload.
     The account key id and secret are in no process's argv or environment on the
     instance, no file there (the 0600 file holds the minted keys), not in the create
-    request, the onstart script, fab's output, the run's logs or the bucket."""
+    request, the onstart script, fab's output, the run's logs or the bucket.
+
+    W&B as by default (mode auto, a key on the laptop): offline on the instance, the key
+    nowhere there, and the run's history synced from the laptop (FAKE W&B server) at the
+    end."""
     setup = f"mkdir -p data && ln -sfn {demo_data} data/demo"
     # The instance runs this checkout's ups (the venv's editable install may be another's).
     hosts = write_vast_hosts(
@@ -67,20 +76,26 @@ def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
         remote_env=f"export PYTHONPATH={REPO}",
     )  # fmt: skip
     quick = {"credentials_hours": 0.25, "renew_before_s": 895}
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"checkpoint_sync": quick})
-    env = fab_env(
-        fake_vast, tmp_path, **moto_server.client_env(), AWS_ENDPOINT_URL=moto_server.endpoint_url
+    wandb = {"mode": "auto", "project": "ups"}
+    config = demo_config(
+        tmp_path / "demo.yaml", max_steps=20, extra={"checkpoint_sync": quick, "wandb": wandb}
     )
+    env = fab_env(
+        fake_vast, tmp_path, **moto_server.client_env(), AWS_ENDPOINT_URL=moto_server.endpoint_url,
+        **fake_wandb.client_env(),
+    )  # fmt: skip
     proc = subprocess.Popen(
         [str(FAB), "-r", str(REPO), "deploy", "--host", "vast", "--hosts-file", str(hosts),
          "--config", str(config), "--run", "vast-s3"],
         cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     secret, access = moto_server.secret_key.encode(), moto_server.access_key.encode()
+    wandb_key = fake_wandb.api_key.encode()
     leaks: list[str] = []
     try:
         while proc.poll() is None:  # look at the instance's processes while it trains
-            leaks += _instance_leaks(fake_vast, secret) + _instance_leaks(fake_vast, access)
+            for key in (secret, access, wandb_key):
+                leaks += _instance_leaks(fake_vast, key)
             time.sleep(0.5)  # sampling another process tree
         out, err = proc.communicate(timeout=60)
     finally:
@@ -101,9 +116,16 @@ def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
     assert remote["outcome"] == "finished" and remote["checkpoint_sync"]["complete"]
     host_log = (tmp_path / "runs" / "vast-s3" / "logs" / "launch.log").read_text()
     assert "checkpoint_synced" in host_log and "checkpoint_sync_failed" not in host_log
+    assert "secrets:  (none)" in out and "W&B:      offline on the instance (no key there)" in out
+    started = [json.loads(line) for line in host_log.splitlines() if "wandb_started" in line]
+    assert started and started[0]["mode"] == "offline"
+    assert "synced the run's W&B directory from this machine (1 offline run(s))" in out
+    synced = fake_wandb.runs["vast-s3"]
+    assert synced["keys"] == {fake_wandb.api_key}
+    assert [row["_step"] for row in synced["history"] if "train/loss" in row] == [0, 5, 10, 15, 19]
 
     (inst,) = fake_vast.destroyed.values()
-    for key in (secret, access):
+    for key in (secret, access, wandb_key):
         assert key.decode() not in json.dumps(inst.row()) + inst.onstart + out + err
     disk = inst.root / "disk"
     creds = disk / "workspace" / ".ups" / "deploy" / "vast-s3" / "aws_credentials"
@@ -111,7 +133,7 @@ def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
     on_host = parse_file(creds.read_text(), str(creds))
     assert on_host.token and on_host.access_key != moto_server.access_key
     assert on_host.expires is not None and on_host.expires > time.time() + 800  # renewed
-    for key in (secret, access):
+    for key in (secret, access, wandb_key):
         assert _files_holding(disk, key) == []
         assert _files_holding(tmp_path / "runs", key) == []
     for name in bucket.list(""):

@@ -271,6 +271,10 @@ class WandbConfig(_Strict):
     """W&B project the run is logged to."""
     entity: str | None = None
     """W&B team or user; default: the API key's default entity."""
+    online_on_host: bool = False
+    """On a rented (Vast) host, log online there, which sends ``WANDB_API_KEY`` to it.
+    Default: the run logs offline there (no key on the host) and the W&B directory is
+    synced from this machine when it comes home (docs/security.md)."""
 
 
 class PreflightConfig(_Strict):

@@ -35,6 +35,7 @@ from ups.deploy.managed.record import RunStatus, Supervision
 from ups.deploy.managed.renewal import renewal_for
 from ups.deploy.managed.rental_plan import container_spec
 from ups.deploy.managed.resume import ResumePoints
+from ups.deploy.managed.wandb_home import sync_home
 from ups.deploy.managed.watch import (
     RECOVERY_EVENT,
     InstanceLost,
@@ -347,6 +348,8 @@ class Keeper:
             f"checkpoints/{p.name}" for p in (self.run_dir / "checkpoints").glob("step_*.pt*")
         ]
         self.lc.fetch(target, exclude=synced)
+        if self.lc.plan.wandb_sync:
+            sync_home(self.run_dir, self.env, self.say)
         return False
 
     def on_line(self, line: bytes) -> None:

@@ -36,6 +36,11 @@ ACCOUNT_WARNING = (
     "({url} and beyond) until you revoke them (docs/security.md)\n"
 )
 
+WANDB_WARNING = (
+    "warning: wandb.online_on_host sends WANDB_API_KEY to the rented host: its owner can use "
+    "your W&B account until you revoke the key (docs/security.md)\n"
+)
+
 
 def _watchdog_key(spec: VastHost) -> str | None:
     if not spec.watchdog_key_file:
@@ -89,6 +94,8 @@ class VastDeploy:
                     f"bucket credentials for the instance: minted with {access.method} in "
                     f"{time.monotonic() - started:.2f} s, scoped to {access.prefix_url}\n"
                 )
+        if plan.cfg.wandb.online_on_host and "WANDB_API_KEY" in plan.deploy.secrets:
+            out.write(WANDB_WARNING)
         detach = not plan.deploy.follow
         run_dir = plan.local_runs / plan.run_id
         fresh = supervision.State(
