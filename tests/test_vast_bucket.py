@@ -21,7 +21,8 @@ from ups.bucket import Bucket, committed_checkpoints
 from ups.bucket.credentials import parse_file
 from ups.config.schema import Config
 from ups.deploy.hosts import HostsFile, VastHost
-from ups.deploy.onhost.plan import build_plan
+from ups.deploy.managed.rental_plan import rented
+from ups.deploy.onhost.plan import DeployPlan, build_plan
 
 __all__ = ["demo_data", "fake_vast", "fake_wandb", "moto_server"]  # fixtures used by name below
 
@@ -176,6 +177,48 @@ def test_plan_names_the_bucket_and_passes_the_endpoint_not_the_keys(tmp_path: Pa
     text = plan.render() + plan.to_json()
     assert "bucket:   s3://bk/runs" in text
     assert "AKIDPLANTEST" not in text and "plan-secret-value" not in text
+
+
+def test_a_rented_host_gets_scoped_keys_and_no_wandb_key_unless_told(tmp_path: Path) -> None:
+    """Your own host: your S3 keys and your W&B key, each listed with what it opens. The
+    same plan for a rented host: minted S3 credentials scoped to the run's prefix, living
+    until the deadline plus a margin, and no W&B key; `credentials: account` and
+    `wandb.online_on_host` send yours. No value is ever in the plan."""
+    spec = VastHost(name="v", offer="gpu_name=RTX_4090", max_price_per_hour=1.0)
+    env = {"AWS_ACCESS_KEY_ID": "AKIDPLANTEST", "AWS_SECRET_ACCESS_KEY": "plan-secret-value",
+           "WANDB_API_KEY": "wandb-key-value"}  # fmt: skip
+
+    def plans(**sections: dict[str, object]) -> tuple[DeployPlan, DeployPlan]:
+        data = {"tasks": [{"name": "a", "layout": "single_1d", "path": "a.h5"}], **sections}
+        cfg = Config.model_validate(data)
+        own = build_plan(spec.as_container("h", None), tmp_path / "c.yaml", cfg=cfg,
+                         run_id="r1", env=env)  # fmt: skip
+        return own, rented(own, cfg, deadline=time.time() + 3600)
+
+    own, rent = plans(checkpoint_sync={"url": "s3://bk/runs"})
+    assert own.secrets == ["WANDB_API_KEY"] and rent.secrets == []
+    assert own.bucket_access is not None and own.bucket_access.mode == "account"
+    assert rent.bucket_access is not None and rent.bucket_access.mode == "scoped"
+    assert rent.bucket_access.lifetime_s(time.time()) == pytest.approx(5400, abs=5)
+    mine = own.render()
+    assert "WANDB_API_KEY: your W&B account (every project of it), until you revoke it" in mine
+    assert "aws_credentials: this machine's own S3 keys: everything they reach" in mine
+    theirs = rent.render()
+    assert "secrets:  (none)" in theirs and "WANDB_API_KEY" not in theirs
+    assert (
+        "aws_credentials: minted for this run (GetFederationToken): get/put/delete under "
+        "s3://bk/runs/r1/, list that prefix only; expire 1.50 h after minting, renewed by "
+        "the supervisor before they expire"
+    ) in theirs
+    _, told = plans(
+        checkpoint_sync={"url": "s3://bk/runs", "credentials": "account"},
+        wandb={"online_on_host": True},
+    )
+    assert told.secrets == ["WANDB_API_KEY"]
+    assert told.bucket_access is not None and told.bucket_access.mode == "account"
+    for text in (mine, theirs, told.render(), told.to_json()):
+        for value in env.values():
+            assert value not in text
 
 
 @pytest.mark.slow
