@@ -4,7 +4,7 @@ from this machine once the run directory has come home.
 ``wandb sync`` runs here with this machine's credentials (``WANDB_API_KEY``, or what
 ``wandb login`` saved) on every offline run of the directory; it marks what it synced,
 so a second sync sends nothing twice. It reports some failures (a refused key) only in
-its output, with exit status 0: a line naming an error counts as a failure here.
+its output, with exit status 0: its ``ERROR`` and ``Error:`` lines count as a failure here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def sync_home(run_dir: Path, env: dict[str, str], say: Callable[[str], None]) ->
         say(f"warning: W&B sync did not finish within {SYNC_TIMEOUT_S:.0f} s; {retry}")
         return False
     output = result.stdout + result.stderr
-    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    errors = [ln for ln in output.splitlines() if "ERROR" in ln or ln.startswith("Error:")]
     if result.returncode != 0 or errors:
         why = errors[-1] if errors else (output.strip().splitlines() or ["no output"])[-1]
         say(f"warning: W&B sync from this machine failed ({why.strip()}); {retry}")
