@@ -1,7 +1,7 @@
 """Bucket credentials for a rented host: the session policy (exactly), their lifetime and
-renewal schedule, minting them with STS against moto's server mode, and the uploader on
-the host picking up a renewed credentials file without a restart, waiting out a lapse and
-catching up.
+renewal schedule, minting them with STS against moto's server mode, the uploader on the
+host picking up a renewed credentials file without a restart, waiting out a lapse and
+catching up, and the supervisor's renewal over SSH.
 
 moto answers ``GetFederationToken`` and ``AssumeRole`` but enforces no session policy and
 no expiry for the credentials it mints (it accepts any key unless its IAM emulation is on,
@@ -12,13 +12,17 @@ client (``RefreshableCredentials``), which is what these tests drive.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
 import structlog
 
+from tests.deploy_fixtures import SshServer, sshd
 from tests.moto_server import MotoServer, moto_server
 from ups.backoff import Policy
 from ups.bucket import Bucket
@@ -34,8 +38,11 @@ from ups.bucket.scoped import (
     session_name,
 )
 from ups.bucket.uploader import Uploader
+from ups.deploy.hosts import ContainerHost, HostsFile
+from ups.deploy.managed.renewal import Renewal
+from ups.deploy.transport.session import Target
 
-__all__ = ["moto_server"]  # fixture used by name below
+__all__ = ["moto_server", "sshd"]  # fixtures used by name below
 
 NOW = 1_800_000_000.0
 
@@ -198,3 +205,44 @@ def test_uploader_picks_up_renewals_and_catches_up_after_a_lapse(
     ]
     print(f"\nMEASURE uploads lost across {len(sent)} renewals: 0 of {len(sent)}")
     assert json.loads(json.dumps(report.as_dict()))["error"] is None
+
+
+@pytest.mark.ssh
+@pytest.mark.slow
+def test_renewal_replaces_the_hosts_file_and_says_when_it_cannot(
+    sshd: SshServer, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    """The supervisor's renewal over a real SSH connection: it learns the expiry from the
+    host's file (as a supervisor that picked up a running instance must), mints new keys
+    when less than half their lifetime is left and replaces the file whole, still 0600;
+    fresh keys are left alone. A store that stops minting is said, with the time left of
+    the host's keys, and the file stays as it was."""
+    spec = HostsFile.model_validate({"hosts": {"h": sshd.host_entry()}}).hosts["h"]
+    assert isinstance(spec, ContainerHost)
+    target = Target(spec=spec, known_hosts=tmp_path / "known_hosts", out=io.StringIO())
+    path = sshd.root / "remote" / "aws_credentials"
+    path.write_text(Keys("ASIAOLD", "old-secret", "old-token", time.time() + 300).file_text())
+    path.chmod(0o600)
+    access = Access("scoped", moto_server.url("ups"), "r1", moto_server.endpoint_url,
+                    hours=0.25, until=time.time() + 3600)  # fmt: skip
+    said: list[str] = []
+    renewal = Renewal(target, str(path), access, said.append)
+    try:
+        assert renewal.once()  # 300 s left of 900: due
+        renewed = parse_file(path.read_text(), str(path))
+        assert renewed.access_key != "ASIAOLD" and renewed.token
+        assert renewed.expires == pytest.approx(time.time() + 900, abs=10)
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert "renewed the instance's bucket credentials (scoped to s3://" in said[-1]
+        assert not renewal.once()  # fresh keys: not due
+
+        before = path.read_text()
+        renewal.access = dataclasses.replace(
+            access, endpoint_url="http://127.0.0.1:9", renew_before_s=10_000
+        )
+        renewal.start()
+        _wait("the failed renewal said", lambda: "could not renew" in said[-1], timeout=60)
+    finally:
+        renewal.stop()
+    assert re.search(r"could not renew the instance's bucket credentials \(\d+ s left", said[-1])
+    assert path.read_text() == before
