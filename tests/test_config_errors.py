@@ -197,7 +197,7 @@ def test_an_unknown_key_far_from_any_lists_the_keys_of_its_section(tmp_path: Pat
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, data), check_files=False)
     assert info.value.problems == [
-        "wandb.colour: unknown key (the keys of wandb are: mode, project, entity)"
+        "wandb.colour: unknown key (the keys of wandb are: mode, project, entity, online_on_host)"
     ]
 
 

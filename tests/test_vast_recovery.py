@@ -36,7 +36,8 @@ FAST = {"sync_every_s": 1, "monitor_s": 1, "ssh_lost_s": 60, "interruptible": Tr
 
 
 def _hosts(fake: FakeVast, tmp_path: Path, data: Path, **entry: object) -> Path:
-    faults = f'export UPS_FAULTS="$(cat {fake.workdir}/.faults 2>/dev/null)"'
+    # The instance runs this checkout's ups (the venv's editable install may be another's).
+    faults = f'export PYTHONPATH={REPO} UPS_FAULTS="$(cat {fake.workdir}/.faults 2>/dev/null)"'
     return write_vast_hosts(
         fake, tmp_path / "hosts.yaml", setup=f"mkdir -p data && ln -sfn {data} data/demo",
         remote_env=faults, **{**FAST, **entry},

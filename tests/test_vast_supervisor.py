@@ -214,6 +214,11 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     assert "recovery 2" not in out
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
+    for inst in fake_vast.destroyed.values():  # what `credentials: account` sends
+        creds = (
+            inst.root / "disk" / "workspace" / ".ups" / "deploy" / "unsup-s3" / "aws_credentials"
+        )
+        assert s3_server.secret_key in creds.read_text()
     state = json.loads((run_dir / "run.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
     assert [i["instance_id"] for i in state["instances"]] == [first.id, second.id]
@@ -238,18 +243,23 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
 ) -> None:
     """The run names a bucket. Detached; its supervisor SIGKILLed once the instance has
     committed checkpoint 10 in the bucket; the instance is outbid while nothing supervises.
-    The same deploy run again on another machine (its own HOME, state dir and runs/: no
-    checkpoint, no supervision state of this run) takes the run's state from the bucket,
-    fetches step 10 from it, recovers on a new instance and finishes with weights equal to
-    an uninterrupted run's."""
+    The config says `credentials: account` (rclone has no STS): the account keys go to the
+    host, with one warning saying what that exposes. The same deploy run again on another
+    machine (its own HOME, state dir and runs/: no checkpoint, no supervision state of this
+    run) takes the run's state from the bucket, fetches step 10 from it, recovers on a new
+    instance and finishes with weights equal to an uninterrupted run's."""
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
     hosts = _hosts(fake_vast, tmp_path, demo_data, checkpoint_sync=s3_server.url())
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    # rclone mints no scoped credentials (no STS): the account's keys, said once.
+    account = {"credentials": "account"}
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"checkpoint_sync": account})
     s3_env = {**s3_server.client_env(), "AWS_ENDPOINT_URL": s3_server.endpoint_url}
     run_dir = tmp_path / "runs" / "unsup-s3"
     deploy = _deploy_args(hosts, config, "unsup-s3")
     code, out, err = _done(_fab(tmp_path, fake_vast, *deploy, "--detach", env=s3_env), 300)
     assert code == 0, out[-3000:] + err[-3000:]
+    warning = "warning: checkpoint_sync.credentials: account sends this machine's own S3 keys"
+    assert out.count(warning) == 1, out[-3000:]
     held = _detached_supervisor(run_dir)
     bucket = Bucket.open(s3_server.url(), endpoint_url=s3_server.endpoint_url)
     deadline = time.monotonic() + 300
@@ -269,6 +279,11 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert "fetched checkpoint step 10 from s3://ups-test/runs/unsup-s3/" in out, out[-4000:]
     assert "recovery 1/3: picking up run unsup-s3" in out and "from step 10" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
+    for inst in fake_vast.destroyed.values():  # what `credentials: account` sends
+        creds = (
+            inst.root / "disk" / "workspace" / ".ups" / "deploy" / "unsup-s3" / "aws_credentials"
+        )
+        assert s3_server.secret_key in creds.read_text()
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
     assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)

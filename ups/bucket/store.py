@@ -20,6 +20,7 @@ ignores them and writes anyway. :meth:`Bucket.honours_conditions` asks the store
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ups.bucket.credentials import RENEWABLE_ENV, CredentialsExpired, file_session
 from ups.fsio import atomic_open
 
 _CHUNK = 1 << 20
@@ -41,6 +43,11 @@ class BucketError(RuntimeError):
 
 class BucketUnreachable(BucketError):
     """The endpoint did not answer, or answered with a server error or a throttle."""
+
+
+class CredentialsLapsed(BucketUnreachable):
+    """The credentials expired; worth another try where they are renewed (a host whose
+    supervisor replaces its credentials file)."""
 
 
 class PreconditionFailed(BucketError):
@@ -106,8 +113,9 @@ def _error_code(exc: Exception) -> str | None:
     return str(exc.response.get("Error", {}).get("Code", "")) or None
 
 
-def _classify(what: str, key: str, exc: BaseException) -> BucketError:
-    """One sentence for a boto/botocore error; unreachable when another try may succeed."""
+def _classify(what: str, key: str, exc: BaseException, *, renewable: bool = False) -> BucketError:
+    """One sentence for a boto/botocore error; unreachable when another try may succeed
+    (``renewable``: expired credentials too, the file they come from is renewed)."""
     from botocore.exceptions import (
         BotoCoreError,
         ClientError,
@@ -117,6 +125,8 @@ def _classify(what: str, key: str, exc: BaseException) -> BucketError:
         ReadTimeoutError,
     )
 
+    if isinstance(exc, CredentialsExpired):
+        return CredentialsLapsed(f"{what} {key}: {exc}")
     if isinstance(exc, NoCredentialsError):
         return BucketError(
             f"{what} {key}: no S3 credentials found: set AWS_ACCESS_KEY_ID and "
@@ -130,6 +140,10 @@ def _classify(what: str, key: str, exc: BaseException) -> BucketError:
         text = f"{code} {what} {key}: {err.get('Message', '')}"
         if fix := _FIXES.get(code):
             text = f"{code} ({fix}) {what} {key}"
+        if renewable and code == "ExpiredToken":
+            return CredentialsLapsed(
+                f"{text}: the host's credentials file is renewed by the run's supervisor"
+            )
         if status >= 500 or status == 429 or code in {"SlowDown", "RequestTimeout"}:
             return BucketUnreachable(text)
         return BucketError(text)
@@ -155,6 +169,9 @@ class Bucket:
     _client: Any = field(default=None, repr=False)
     conditions: bool | None = None
     """Whether the store honours conditional writes, once :meth:`honours_conditions` asked."""
+    renewable: bool = False
+    """Credentials from a file that is renewed (``UPS_BUCKET_CREDENTIALS``): an expiry is
+    worth waiting out."""
 
     @classmethod
     def open(cls, url: str, *, endpoint_url: str | None = None) -> Bucket:
@@ -172,8 +189,13 @@ class Bucket:
             read_timeout=60,
             s3={"addressing_style": "path"} if endpoint_url else None,
         )
-        client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
-        return cls(url, name, prefix, endpoint_url, client)
+        path = os.environ.get(RENEWABLE_ENV)
+        session = boto3.session.Session(botocore_session=file_session(Path(path)) if path else None)
+        client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        return cls(url, name, prefix, endpoint_url, client, renewable=bool(path))
+
+    def _classify(self, what: str, key: str, exc: BaseException) -> BucketError:
+        return _classify(what, key, exc, renewable=self.renewable)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -182,7 +204,7 @@ class Bucket:
         try:
             return getattr(self._client, method)(Bucket=self.name, **kwargs)
         except Exception as exc:
-            raise _classify(what, self.url_of(key), exc) from exc
+            raise self._classify(what, self.url_of(key), exc) from exc
 
     def url_of(self, key: str) -> str:
         """The full ``s3://`` address of ``key``, for messages."""
@@ -228,7 +250,7 @@ class Bucket:
                     raise PreconditionFailed(
                         f"{what} {self.url_of(key)}: it is gone (404)", missing=True
                     ) from None
-                raise _classify(what, self.url_of(key), exc) from exc
+                raise self._classify(what, self.url_of(key), exc) from exc
         raise AssertionError("unreachable: the last try returns or raises")
 
     def get_stored(self, key: str) -> Stored | None:
@@ -239,7 +261,7 @@ class Bucket:
         except Exception as exc:
             if _not_found(exc):
                 return None
-            raise _classify("reading", self.url_of(key), exc) from exc
+            raise self._classify("reading", self.url_of(key), exc) from exc
 
     def honours_conditions(self, under: str) -> bool:
         """Whether the store honours conditional writes: an object is written under
@@ -270,7 +292,7 @@ class Bucket:
         except Exception as exc:
             if _not_found(exc):
                 return None
-            raise _classify("reading", self.url_of(key), exc) from exc
+            raise self._classify("reading", self.url_of(key), exc) from exc
 
     def list(self, prefix: str) -> list[str]:
         """Every key under ``prefix``, relative to the bucket prefix, sorted."""
@@ -283,7 +305,7 @@ class Bucket:
             for page in pages:
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         except Exception as exc:
-            raise _classify("listing", self.url_of(prefix), exc) from exc
+            raise self._classify("listing", self.url_of(prefix), exc) from exc
         return sorted(keys)
 
     def upload_file(self, path: Path, key: str) -> None:
@@ -291,7 +313,7 @@ class Bucket:
         try:
             self._client.upload_file(str(path), self.name, self._key(key))
         except Exception as exc:
-            raise _classify(f"uploading {path} to", self.url_of(key), exc) from exc
+            raise self._classify(f"uploading {path} to", self.url_of(key), exc) from exc
 
     def download_file(self, key: str, path: Path) -> str:
         """Write the object to ``path`` atomically; returns its SHA-256 (hex). Raises
@@ -307,7 +329,7 @@ class Bucket:
         except BucketError:
             raise
         except Exception as exc:
-            raise _classify("downloading", self.url_of(key), exc) from exc
+            raise self._classify("downloading", self.url_of(key), exc) from exc
         return digest.hexdigest()
 
     def modified(self, key: str) -> float | None:
@@ -317,7 +339,7 @@ class Bucket:
         except Exception as exc:
             if _not_found(exc):
                 return None
-            raise _classify("reading", self.url_of(key), exc) from exc
+            raise self._classify("reading", self.url_of(key), exc) from exc
         return float(head["LastModified"].timestamp())
 
     def delete(self, key: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ups.backoff import BUCKET_SYNC, Policy
 from ups.bucket.checkpoints import commit_bytes, local_checkpoints, prune, upload_checkpoint
-from ups.bucket.store import Bucket, BucketError
+from ups.bucket.store import Bucket, BucketError, CredentialsLapsed
 from ups.log import get_logger
 from ups.retry import bucket_retryable
 
@@ -154,6 +154,7 @@ class Uploader:
                 self._pass(run_files)
             except BucketError as exc:
                 retry = bucket_retryable(exc)
+                expired = isinstance(exc, CredentialsLapsed)
                 failures += 1
                 with self._cond:
                     self._error = str(exc)
@@ -170,8 +171,14 @@ class Uploader:
                 log.warning(
                     "checkpoint_sync_failed",
                     error=str(exc),
+                    cause="credentials_expired" if expired else "unreachable",
                     retry_in_s=self.policy.delay(failures - 1),
-                    message="bucket unreachable; training goes on and uploads catch up",
+                    message=(
+                        "the bucket credentials expired; training goes on and uploads "
+                        "catch up once they are renewed"
+                        if expired
+                        else "bucket unreachable; training goes on and uploads catch up"
+                    ),
                 )
                 continue
             if failures:

@@ -239,6 +239,20 @@ class CheckpointSyncConfig(_Strict):
     resume: bool = True
     """With ``checkpoint.resume``: when the bucket holds a newer committed checkpoint of
     this run id than the run directory (a new host), fetch it and resume from it."""
+    credentials: Literal["auto", "scoped", "account"] = "auto"
+    """What a host that ``fab deploy`` sets up gets to reach the bucket (docs/security.md):
+    ``scoped``: credentials minted for this run (AWS STS), limited to ``<url>/<run_id>/``
+    and short-lived; ``account``: this machine's own S3 keys. ``auto``: scoped on a rented
+    (Vast) host, account on your own hosts."""
+    role_arn: str | None = None
+    """Mint scoped credentials with STS ``AssumeRole`` on this role (MinIO: any ARN)
+    instead of ``GetFederationToken`` (which needs an IAM user's long-term keys)."""
+    credentials_hours: float | None = Field(None, ge=0.25, le=36.0)
+    """Lifetime of scoped credentials; default: the run's ``max_hours`` plus 30 minutes,
+    at most what the store allows (36 h for GetFederationToken, 1 h for AssumeRole)."""
+    renew_before_s: float | None = Field(None, gt=0.0)
+    """The supervisor renews scoped credentials on the host when less than this is left
+    of them; default: half their lifetime."""
 
 
 class CacheConfig(_Strict):
@@ -257,6 +271,10 @@ class WandbConfig(_Strict):
     """W&B project the run is logged to."""
     entity: str | None = None
     """W&B team or user; default: the API key's default entity."""
+    online_on_host: bool = False
+    """On a rented (Vast) host, log online there, which sends ``WANDB_API_KEY`` to it.
+    Default: the run logs offline there (no key on the host) and the W&B directory is
+    synced from this machine when it comes home (docs/security.md)."""
 
 
 class PreflightConfig(_Strict):

@@ -32,8 +32,10 @@ from ups.deploy.managed.faults import HostFault, failed_checks, preflight_side
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import RunStatus, Supervision
+from ups.deploy.managed.renewal import renewal_for
 from ups.deploy.managed.rental_plan import container_spec
 from ups.deploy.managed.resume import ResumePoints
+from ups.deploy.managed.wandb_home import sync_home
 from ups.deploy.managed.watch import (
     RECOVERY_EVENT,
     InstanceLost,
@@ -287,6 +289,7 @@ class Keeper:
                 then=lambda got: self.sup.synced(got.step),
             )
             sync.start(spec.sync_every_s)
+            renewal = renewal_for(target, plan, self.say)
             try:
                 code = follow(
                     target,
@@ -300,6 +303,8 @@ class Keeper:
                 reason = monitor.check() or f"SSH unreachable for {spec.ssh_lost_s:.0f} s"
                 raise InstanceLost(monitor.instance_id, reason) from err
             finally:
+                if renewal is not None:
+                    renewal.stop()
                 sync.stop()
                 sync.close()
                 self.synced += sync.synced
@@ -343,6 +348,8 @@ class Keeper:
             f"checkpoints/{p.name}" for p in (self.run_dir / "checkpoints").glob("step_*.pt*")
         ]
         self.lc.fetch(target, exclude=synced)
+        if self.lc.plan.wandb_sync:
+            sync_home(self.run_dir, self.env, self.say)
         return False
 
     def on_line(self, line: bytes) -> None:

@@ -24,11 +24,22 @@ from ups.deploy.managed.ledger import Ledger, render
 from ups.deploy.managed.lifecycle import Lifecycle, describe_timings
 from ups.deploy.managed.rental_plan import VastPlan, build_vast_plan
 from ups.deploy.managed.run import run
-from ups.deploy.onhost.operate import bucket_credentials
+from ups.deploy.onhost.operate import bucket_keys
 from ups.deploy.onhost.plan import load_run_config
 from ups.deploy.providers import InstanceState as State
 from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, label_for, parse_label
 from ups.runid import run_id_problem
+
+ACCOUNT_WARNING = (
+    "warning: checkpoint_sync.credentials: account sends this machine's own S3 keys to the "
+    "rented host: its owner can read, overwrite and delete everything those keys reach "
+    "({url} and beyond) until you revoke them (docs/security.md)\n"
+)
+
+WANDB_WARNING = (
+    "warning: wandb.online_on_host sends WANDB_API_KEY to the rented host: its owner can use "
+    "your W&B account until you revoke the key (docs/security.md)\n"
+)
 
 
 def _watchdog_key(spec: VastHost) -> str | None:
@@ -73,8 +84,18 @@ class VastDeploy:
         """Supervise the run: take its lease, rent (or pick up) and follow it; a detached
         deploy (``follow`` off) leaves a supervisor behind in the background."""
         plan, spec, out = self.plan, self.spec, self.out
-        if plan.deploy.bucket:
-            bucket_credentials(plan.deploy.bucket)  # before renting: none found costs nothing
+        if (access := plan.deploy.bucket_access) is not None:
+            started = time.monotonic()
+            bucket_keys(access)  # before renting: none found, or none minted, costs nothing
+            if access.mode == "account":
+                out.write(ACCOUNT_WARNING.format(url=access.url))
+            else:
+                out.write(
+                    f"bucket credentials for the instance: minted with {access.method} in "
+                    f"{time.monotonic() - started:.2f} s, scoped to {access.prefix_url}\n"
+                )
+        if plan.cfg.wandb.online_on_host and "WANDB_API_KEY" in plan.deploy.secrets:
+            out.write(WANDB_WARNING)
         detach = not plan.deploy.follow
         run_dir = plan.local_runs / plan.run_id
         fresh = supervision.State(

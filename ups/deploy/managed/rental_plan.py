@@ -24,6 +24,7 @@ from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_com
 from ups.runid import new_run_id
 
 PENDING_ADDRESS = "(instance ssh address)"
+WANDB_KEY = "WANDB_API_KEY"
 
 
 def container_spec(
@@ -52,10 +53,12 @@ class VastPlan:
     env: dict[str, str]
     avoided: tuple[int, ...] = ()
     """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
+    wandb_sync: bool = False
+    """W&B would log online, but logs offline on the instance: synced from here at the end."""
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
-        return build_plan(
+        plan = build_plan(
             spec,
             self.config,
             cfg=self.cfg,
@@ -65,6 +68,7 @@ class VastPlan:
             skip_preflight=self.skip_preflight,
             env=self.env,
         )
+        return rented(plan, self.cfg, self.deadline_epoch)
 
     @property
     def run_id(self) -> str:
@@ -73,7 +77,10 @@ class VastPlan:
     def with_deadline(self, deadline: float) -> VastPlan:
         """The same plan with the instance's watchdog ending it at ``deadline`` (epoch)."""
         return dataclasses.replace(
-            self, deadline_epoch=deadline, onstart=onstart_command(self.spec, deadline)
+            self,
+            deadline_epoch=deadline,
+            onstart=onstart_command(self.spec, deadline),
+            deploy=rented(self.deploy, self.cfg, deadline),
         )
 
     def watchdog_file(self, workdir: str, name: str = "") -> str:
@@ -107,6 +114,24 @@ class VastPlan:
             bid=bid_price(offer, self.spec.interruptible),
             avoided=avoided,
         )
+
+    def watchdog_key_line(self) -> str:
+        if self.spec.watchdog_key_file:
+            return (
+                f"the key in {self.spec.watchdog_key_file} (0600 on the instance): what you "
+                "granted it, until you revoke it"
+            )
+        return "none sent: the instance's own key (set by Vast; acts on that instance only)"
+
+    def wandb_line(self) -> str:
+        if self.cfg.wandb.online_on_host:
+            return "online on the instance: WANDB_API_KEY goes there (wandb.online_on_host)"
+        if self.wandb_sync:
+            return (
+                "offline on the instance (no key there); its directory is synced from this "
+                "machine when the run comes home (`wandb sync`)"
+            )
+        return f"{self.cfg.wandb.mode} (wandb.mode)"
 
     def create_fields(self) -> dict[str, object]:
         """Keyword arguments of ``VastAI.create_instance``: no secret among them."""
@@ -142,10 +167,12 @@ class VastPlan:
             f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label {self.label}",
             f"  watchdog: on the instance from boot; ends it ({s.on_exit}) at {hours} "
             f"(max_hours {s.max_hours:g})",
+            f"    watchdog key: {self.watchdog_key_line()}",
             f"  then:     wait for running and SSH (up to {s.boot_timeout_s:.0f} s), record the "
             "host key" + (f", run setup: {s.setup}" if s.setup else ""),
             f"  at end:   fetch {self.deploy.remote.run_dir} -> {self.local_runs / self.run_id}, "
             f"then {s.on_exit} the instance (also on any failure or Ctrl-C)",
+            f"  W&B:      {self.wandb_line()}",
             "",
             self.deploy.render(),
         ]
@@ -170,6 +197,10 @@ def build_vast_plan(
     ):  # hosts.yaml names the bucket; an explicit --set still wins
         overrides = (*overrides, f"checkpoint_sync.url={spec.checkpoint_sync}")
     cfg = load_run_config(config, overrides)
+    wandb_sync = wandb_offline_here(cfg)
+    if wandb_sync:  # no key on the host: synced from here
+        overrides = (*overrides, "wandb.mode=offline")
+        cfg = load_run_config(config, overrides)
     env = dict(env if env is not None else {})
     run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
     offer, avoided = search(provider, spec)
@@ -184,6 +215,7 @@ def build_vast_plan(
         skip_preflight=skip_preflight,
         env=env,
     )
+    deploy = rented(deploy, cfg, deadline)
     return VastPlan(
         spec=spec,
         offer=offer,
@@ -200,7 +232,27 @@ def build_vast_plan(
         skip_preflight=skip_preflight,
         env=env,
         avoided=avoided,
+        wandb_sync=wandb_sync,
     )
+
+
+def rented(plan: DeployPlan, cfg: Config, deadline: float) -> DeployPlan:
+    """A container plan for a rented host: its bucket credentials are minted for the run
+    and live until the run's ``deadline`` (plus a margin), unless the config says
+    ``credentials: account``; ``WANDB_API_KEY`` stays here unless ``wandb.online_on_host``."""
+    if not cfg.wandb.online_on_host:
+        plan = dataclasses.replace(plan, secrets=[s for s in plan.secrets if s != WANDB_KEY])
+    access = plan.bucket_access
+    if access is None or cfg.checkpoint_sync.credentials == "account":
+        return plan
+    scoped = dataclasses.replace(access, mode="scoped", until=deadline)
+    return dataclasses.replace(plan, bucket_access=scoped)
+
+
+def wandb_offline_here(cfg: Config) -> bool:
+    """Whether the run would log to W&B online but logs offline on the rented host
+    (its directory is synced from this machine when it comes home)."""
+    return cfg.wandb.mode in ("auto", "online") and not cfg.wandb.online_on_host
 
 
 def search(

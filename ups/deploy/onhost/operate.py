@@ -18,14 +18,22 @@ from fabric import Connection
 
 import ups
 from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
-from ups.bucket.credentials import NoCredentials, credentials_file_text
+from ups.bucket.credentials import Keys, NoCredentials
+from ups.bucket.scoped import Access, MintRefused, keys_for
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan, script_for
 from ups.deploy.onhost.runs import read_result, resolve_run, settle, state_of
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.progress import Progress
-from ups.deploy.transport.session import Target, remote_preflight, run, write_private, write_text
+from ups.deploy.transport.session import (
+    Target,
+    remote_preflight,
+    replace_private,
+    run,
+    write_private,
+    write_text,
+)
 from ups.grace import STOP_WAIT_S
 from ups.log import render_line
 from ups.pins import pinned_versions
@@ -90,15 +98,17 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     if plan.secrets:
         body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
         write_private(conn, r.state("secrets.env"), body)
-    if plan.bucket:
-        write_private(conn, r.state(CREDENTIALS_FILE), bucket_credentials(plan.bucket))
+    if plan.bucket_access is not None:
+        keys = bucket_keys(plan.bucket_access)
+        replace_private(conn, r.state(CREDENTIALS_FILE), keys.file_text())
 
 
-def bucket_credentials(url: str) -> str:
-    """This machine's S3 credentials as a credentials file; none is a usage error (exit 2)."""
+def bucket_keys(access: Access) -> Keys:
+    """The S3 credentials the host gets (this machine's, or minted from them); none here,
+    or a store that will not mint them, is a usage error (exit 2)."""
     try:
-        return credentials_file_text(url)
-    except NoCredentials as err:
+        return keys_for(access)
+    except (NoCredentials, MintRefused) as err:
         raise UsageError(str(err)) from None
 
 

@@ -8,12 +8,15 @@ it comes from :mod:`ups.deploy.transport.remote`, and the executor runs exactly 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ups import jsonio
+from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import endpoint_from_env
+from ups.bucket.scoped import Access
 from ups.config import Config, ConfigError, ConfigFileError, load_config
 from ups.deploy.errors import UsageError
 from ups.deploy.hosts import AddressedHost
@@ -22,6 +25,8 @@ from ups.runid import new_run_id, run_id_problem
 
 SECRET_NAMES = ("WANDB_API_KEY",)
 """Local environment variables forwarded to the run (values go in a 0600 file, never argv)."""
+SECRET_SCOPES = {"WANDB_API_KEY": "your W&B account (every project of it), until you revoke it"}
+"""What each forwarded secret opens, for the plan (docs/security.md)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,9 @@ class DeployPlan:
     secrets: list[str] = field(default_factory=list)
     """Names (never values) of secrets sent in a 0600 file."""
     bucket: str | None = None
-    """``checkpoint_sync.url``: this machine's S3 credentials go to the host as a 0600 file."""
+    """``checkpoint_sync.url``: S3 credentials go to the host as a 0600 file."""
+    bucket_access: Access | None = None
+    """Which S3 credentials: minted for the run (scoped) or this machine's own."""
     follow: bool = True
     steps: list[Step] = field(default_factory=list)
     resume_name: str | None = None
@@ -92,11 +99,15 @@ class DeployPlan:
             f"  run dir:  {self.remote.run_dir}",
             f"  secrets:  {', '.join(self.secrets) or '(none)'} (0600 file, never on argv)",
         ]
+        for name in self.secrets:
+            lines.append(f"    {name}: {SECRET_SCOPES.get(name, 'as set here')}")
         if self.bucket:
             lines.append(
                 f"  bucket:   {self.bucket} (checkpoints uploaded from the host; S3 credentials "
-                "from this machine in a 0600 file, never on argv)"
+                "in a 0600 file, never on argv)"
             )
+        if self.bucket_access is not None:
+            lines.append(f"    {CREDENTIALS_FILE}: {self.bucket_access.describe(time.time())}")
         if self.launch_argv:
             lines.append(f"  launch:   {rc.argv(*self.launch_argv)} (in run.sh)")
         lines.append("  steps:")
@@ -176,9 +187,21 @@ def build_plan(
     env = dict(os.environ) if env is None else env
     remote_config = remote.state("config.yaml")
     sets = [w for s in overrides for w in ("--set", s)]
-    bucket = cfg.checkpoint_sync.url
-    if bucket and cfg.checkpoint_sync.endpoint_url is None and (endpoint := endpoint_from_env(env)):
+    sync = cfg.checkpoint_sync
+    bucket, endpoint = sync.url, sync.endpoint_url or endpoint_from_env(env)
+    if bucket and sync.endpoint_url is None and endpoint:
         sets += ["--set", f"checkpoint_sync.endpoint_url={endpoint}"]  # the store used here
+    access = None
+    if bucket:  # on a host of your own, scoped only when asked (a rented host: rental_plan)
+        access = Access(
+            "scoped" if sync.credentials == "scoped" else "account",
+            bucket,
+            run_id,
+            endpoint_url=endpoint,
+            role_arn=sync.role_arn,
+            hours=sync.credentials_hours,
+            renew_before_s=sync.renew_before_s,
+        )
     launch_argv = _launch_argv(spec, remote_config, run_id, sets, node, skip_preflight)
     rdzv_host = node is not None and node.rank == 0
     preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus, check_port=rdzv_host)
@@ -214,6 +237,7 @@ def build_plan(
         launch_argv=launch_argv,
         secrets=[name for name in SECRET_NAMES if env.get(name)],
         bucket=bucket,
+        bucket_access=access,
         follow=follow,
         steps=steps,
         resume_name=None if (fixed or fresh or node) else cfg.run.name,

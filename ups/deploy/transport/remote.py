@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
+from ups.bucket.credentials import RENEWABLE_ENV
 
 STATE_DIR = ".ups/deploy"
 """Per-run deploy state under the remote workdir: config, run script, pid, exit code."""
@@ -115,7 +116,8 @@ def secrets_line(run: RemoteRun) -> str:
     path, aws = q(run.state("secrets.env")), q(run.state(CREDENTIALS_FILE))
     return (
         f"if [ -f {path} ]; then set -a; . {path}; set +a; fi; "
-        f"if [ -f {aws} ]; then export AWS_SHARED_CREDENTIALS_FILE={aws}; fi"
+        f"if [ -f {aws} ]; then export AWS_SHARED_CREDENTIALS_FILE={aws} "
+        f"{RENEWABLE_ENV}={aws}; fi"
     )
 
 

@@ -69,6 +69,17 @@ def write_private(conn: Connection, path: str, text: str) -> None:
         fh.write(text.encode())
 
 
+def replace_private(conn: Connection, path: str, text: str) -> None:
+    """Replace a remote 0600 file whole: a reader sees the old text or the new, never a
+    part (written beside it, then renamed over it)."""
+    sftp = conn.sftp()
+    part = f"{path}.part"
+    with sftp.open(part, "w") as fh:
+        fh.chmod(0o600)
+        fh.write(text.encode())
+    sftp.posix_rename(part, path)
+
+
 def write_text(conn: Connection, path: str, text: str) -> None:
     with conn.sftp().open(path, "w") as fh:
         fh.write(text.encode())
