@@ -41,6 +41,9 @@ def main() -> None:
     p.add_argument("--step-s", type=float, default=0.0, help="sleep per step (to stop mid-run)")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank raises at --fail-at")
     p.add_argument("--fail-at", type=int, default=3)
+    p.add_argument(
+        "--pause-at", type=int, default=-1, help="hold after this step until stopped (tests)"
+    )
     p.add_argument("--out", default="final.pt", help="rank 0 writes the final weights here")
     args = p.parse_args()
 
@@ -67,6 +70,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         time.sleep(args.step_s)
+        held = time.monotonic()
+        while step == args.pause_at and not ckpt.should_stop() and time.monotonic() - held < 120:
+            time.sleep(0.1)  # held for a test's `fab stop`, bounded
         # Every rank agrees on stopping at the same step (the signal may reach them apart).
         stop = torch.tensor([1.0 if ckpt.should_stop() else 0.0])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)

@@ -285,6 +285,7 @@ def setup_command(ups_bin: str, code_dir: str, marker: str, command: str) -> str
     return (
         f"if [ -f {q(marker)} ]; then echo {SETUP_CACHED}; exit 0; fi; "
         f'{ups_python(ups_bin)}; export PATH="$(dirname "$PY"):$PATH"; '
-        f"cd {q(code_dir)} && ( {command} ) && mkdir -p {q(posixpath.dirname(marker))} "
+        # On lines of its own: a `#` comment in the command must not swallow the `)`.
+        f"cd {q(code_dir)} && (\n{command}\n) && mkdir -p {q(posixpath.dirname(marker))} "
         f"&& touch {q(marker)}"
     )
