@@ -66,8 +66,8 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
                 if plan.script is None
                 else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
                 if outcome.checkpoint
-                else "run the same command again to start the script again (it committed "
-                "no checkpoint)"
+                # the script committed no checkpoint: it starts from the beginning
+                else "run the same command again to start the script again"
             )
     if outcome.resumed_from is not None and plan.script is not None:
         extra["resumed_from"] = outcome.resumed_from
