@@ -71,7 +71,6 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     entry = sshd.host_entry(remote_env=f"export PYTHONPATH={REPO}")
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
     workdir = sshd.root / "remote"
-    code = workdir / "code" / "train"
     proj = _project(tmp_path)
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
     deploy += ["--run-file", str(proj / "ups-run.yaml")]
@@ -80,6 +79,7 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "finished (exit 0)" in done.stdout and "finished: weights in final.pt" in done.stdout
     assert "4 file(s) sent" in done.stdout  # train.py, ups-run.yaml, requirements, .gitignore
+    (code,) = (workdir / "code").glob("train-*")
     assert not (code / "notes.log").exists() and not (code / "secrets.env").exists()
     assert (code / "setup-ran.txt").is_file()
     assert SECRET not in done.stdout + done.stderr

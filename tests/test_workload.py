@@ -68,11 +68,12 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
     spec = ContainerHost(name="h", host="127.0.0.1", workdir="/w", ups_bin="ups")
     plan = build_script_plan(spec, workload, env={})
     assert plan.secrets == ["TOKEN"]
+    assert plan.run_file is not None and plan.run_file["workdir"].startswith("/w/code/train-")
     assert "abc-secret-123" not in plan.render() + plan.to_json()
     assert plan.run_file == {
         "script": "train.py",
         "args": ["--x", "1"],
-        "workdir": "/w/code/train",
+        "workdir": plan.run_file["workdir"],
         "checkpoint_dir": None,
         "data": [],
         "stop_grace_s": None,

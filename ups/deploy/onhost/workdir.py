@@ -87,8 +87,11 @@ def manifest(workload: ScriptWorkload) -> Manifest:
 
 
 def code_dir(workdir: str, workload: ScriptWorkload) -> str:
-    """Where the workdir lands on the host: ``<host workdir>/code/<script name>``."""
-    return posixpath.join(workdir, "code", workload.name)
+    """Where the workdir lands on the host: ``<host workdir>/code/<script name>-<hash of
+    the local workdir's path>``, so two projects whose scripts share a name stay apart and
+    a redeploy of one project sends only what changed."""
+    where = hashlib.sha256(str(workload.workdir.resolve()).encode()).hexdigest()[:8]
+    return posixpath.join(workdir, "code", f"{workload.name}-{where}")
 
 
 @dataclass(frozen=True)
