@@ -16,6 +16,8 @@ from ups.cli.deploy import run as ups_deploy
 from ups.deploy.hosts import ContainerHost
 from ups.deploy.onhost.plan import build_script_plan
 from ups.deploy.onhost.workdir import files_to_send, setup_key
+from ups.launch.plan import LaunchRequest, build_plan
+from ups.launch.scriptrun import resumed_from, with_resume
 from ups.workload import WorkloadError, load_run_file, script_workload
 
 
@@ -61,7 +63,10 @@ def test_run_file_reports_every_problem_at_once(tmp_path: Path) -> None:
 def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: Path) -> None:
     """A secret named in the run file is read from its env_file; the deploy plan names it,
     and neither its render nor the run file sent to the host holds the value."""
-    path = _proj(tmp_path, "script: train.py\nenv: [TOKEN]\nenv_file: s.env\nargs: [--x, '1']\n")
+    path = _proj(
+        tmp_path,
+        "script: train.py\nenv: [TOKEN]\nenv_file: s.env\nargs: [--x, '1']\ndata: [d/x.h5]\n",
+    )
     (path.parent / "s.env").write_text("export TOKEN='abc-secret-123'\n")
     workload = load_run_file(path, environ={})
     assert workload.secrets({}) == {"TOKEN": "abc-secret-123"}
@@ -75,9 +80,13 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
         "args": ["--x", "1"],
         "workdir": plan.run_file["workdir"],
         "checkpoint_dir": None,
-        "data": [],
+        "data": ["d/x.h5"],
         "stop_grace_s": None,
     }
+    # The data is looked for on the host after sync and setup, before anything starts.
+    names = [s.name for s in plan.steps]
+    assert names.index("sync") < names.index("check-data") < names.index("start")
+    assert "d/x.h5" in (plan.step("check-data").command or "")
     assert plan.launch_argv[:4] == ["ups", "launch", "--run-file", plan.remote.state("run.json")]
     assert plan.resume_name == "train"
 
@@ -187,3 +196,37 @@ def test_setup_runs_again_only_when_the_files_it_names_change(tmp_path: Path) ->
     (proj / "requirements.txt").write_text("numpy\nscipy\n")
     assert setup_key(workload, cmd) != key
     assert setup_key(workload, cmd + " -q") != setup_key(workload, cmd)
+
+
+def test_script_plan_sets_the_contract_and_the_outcome_says_where_it_started(
+    tmp_path: Path,
+) -> None:
+    """A script's plan gives every rank UPS_CHECKPOINT_DIR (default: the run's checkpoints/)
+    and its stop grace to torchrun; each attempt gets UPS_RESUME as of then; the outcome's
+    resumed_from names the checkpoint, or says a continued run started from the beginning."""
+    req = LaunchRequest(
+        script="train.py", output_dir=str(tmp_path / "runs"), run_id="s1", stop_grace_s=7
+    )
+    plan = build_plan(req, None, gpu_count=0, pick_port=lambda p: p, environ={})
+    directory = tmp_path / "runs" / "s1" / "checkpoints"
+    assert plan.env["UPS_CHECKPOINT_DIR"] == str(directory)
+    assert "--shutdown-timeout=7" in plan.torchrun_argv and plan.stop_grace_s == 7
+    started, resume = with_resume(plan)
+    assert resume is None and started.env["UPS_RESUME"] == ""
+    assert resumed_from(started, resume, continued=False) is None
+    restarted = resumed_from(started, resume, continued=True)
+    assert restarted is not None and restarted["checkpoint"] is None
+    assert restarted["why"].startswith("restarted from the start: no committed checkpoint")
+    (directory / "step_000004.pt").write_bytes(b"done")
+    started, resume = with_resume(plan)
+    assert started.env["UPS_RESUME"] == str(directory / "step_000004.pt")
+    said = resumed_from(started, resume, continued=True)
+    assert said is not None and said["checkpoint"] == str(directory / "step_000004.pt")
+    trainer = build_plan(
+        LaunchRequest(config_path="c.yaml", output_dir=str(tmp_path)),
+        None,
+        gpu_count=0,
+        pick_port=lambda p: p,
+        environ={},
+    )
+    assert "UPS_CHECKPOINT_DIR" not in trainer.env

@@ -130,6 +130,8 @@ def prepare(
         workdir.sync(target, conn, workload, plan.run_file["workdir"])
         setup = [s for s in plan.steps if s.name == "setup"]
         workdir.run_setup(target, conn, [(s.detail, s.command or "") for s in setup])
+        if plan.has_step("check-data"):
+            workdir.check_data(target, conn, plan.step("check-data").command or "")
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:

@@ -278,6 +278,14 @@ def build_script_plan(
                 rc.setup_command(spec.ups_bin, dest, marker, command),
             )
         )
+    if workload.data:
+        steps.append(
+            Step(
+                "check-data",
+                "the run file's data paths exist on the host",
+                rc.missing_paths_command(dest, workload.data),
+            )
+        )
     steps.append(
         Step("upload", "run file, run script, secrets (0600)", rc.mkdir_command(remote.state_dir))
     )

@@ -24,7 +24,7 @@ from pathlib import Path
 import pathspec
 from fabric import Connection
 
-from ups.deploy.errors import DeployError
+from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target, run, write_text
 from ups.workload import ScriptWorkload
@@ -173,3 +173,16 @@ def run_setup(target: Target, conn: Connection, commands: list[tuple[str, str]])
             )
         cached = rc.SETUP_CACHED in result.stdout
         target.say(f"setup `{shown}`: {'cached (same files as before)' if cached else 'done'}")
+
+
+def check_data(target: Target, conn: Connection, command: str) -> None:
+    """Refuse (exit 2) when a run file's ``data`` path is missing in the code dir on the host."""
+    result = run(conn, command, target.spec)
+    missing = [line for line in result.stdout.splitlines() if line.strip()]
+    if result.exited != 0 or missing:
+        raise UsageError(
+            f"data missing on {target.spec.name!r}: {', '.join(missing) or result.stderr.strip()} "
+            "(relative to the synced workdir). Add it to the workdir (`include:` if .gitignore "
+            "leaves it out), fetch it in a `setup:` command, or fix the run file's `data:`; "
+            "nothing was started."
+        )

@@ -289,3 +289,8 @@ def setup_command(ups_bin: str, code_dir: str, marker: str, command: str) -> str
         f"cd {q(code_dir)} && (\n{command}\n) && mkdir -p {q(posixpath.dirname(marker))} "
         f"&& touch {q(marker)}"
     )
+
+
+def missing_paths_command(base: str, paths: Sequence[str]) -> str:
+    """Print each of ``paths`` (relative to ``base``) that does not exist, one a line."""
+    return f'cd {q(base)} && for p in {argv(*paths)}; do [ -e "$p" ] || echo "$p"; done'
