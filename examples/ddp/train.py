@@ -61,6 +61,7 @@ def main() -> None:
         start = state["step"]
     if rank == 0:
         print(f"training steps {start}..{args.steps} resume={resume}", flush=True)
+    began = time.perf_counter()
     for step in range(start + 1, args.steps + 1):
         if rank == args.fail_rank and step == args.fail_at:
             raise RuntimeError(f"boom on rank {rank} at step {step}")
@@ -87,7 +88,8 @@ def main() -> None:
     else:
         if rank == 0:
             torch.save(model.module.state_dict(), os.path.abspath(args.out))
-            print(f"finished: weights in {args.out}", flush=True)
+            ms = 1000 * (time.perf_counter() - began) / max(1, args.steps - start)
+            print(f"finished: weights in {args.out}; {ms:.3f} ms/step", flush=True)
     dist.destroy_process_group()
 
 

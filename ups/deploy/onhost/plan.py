@@ -301,6 +301,7 @@ def build_script_plan(
     steps.append(Step("start", "start detached under setsid nohup", rc.start_command(remote)))
     if follow:
         steps.append(Step("follow", f"stream {remote.launch_log} until the launcher exits"))
+    command = rc.argv(str(workload.workdir / workload.script), *workload.args)
     secrets = [n for n in SECRET_NAMES if env.get(n)] + [
         n for n in workload.env if n not in SECRET_NAMES
     ]
@@ -310,7 +311,7 @@ def build_script_plan(
         address=address(spec),
         image=spec.image,
         run_id=run_id,
-        config=f"{workload.source} ({workload.workdir / workload.script})",
+        config=f"{workload.source} ({command})",
         remote=remote,
         launch_argv=launch_argv,
         secrets=secrets,
