@@ -90,6 +90,12 @@ def main() -> None:
             torch.save(model.module.state_dict(), os.path.abspath(args.out))
             ms = 1000 * (time.perf_counter() - began) / max(1, args.steps - start)
             print(f"finished: weights in {args.out}; {ms:.3f} ms/step", flush=True)
+    # Every rank leaves together, and gloo's worker threads get the GIL a moment before the
+    # teardown joins them (as ups's trainer does, ups/distributed/process_group.py): seen
+    # here without it, a rank aborting at exit ("terminate called without an active
+    # exception") after the run's work was done.
+    dist.barrier()
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 
