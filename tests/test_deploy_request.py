@@ -18,6 +18,7 @@ from ups.deploy import kinds, tasks
 from ups.deploy.errors import EXIT_USAGE, UsageError
 from ups.deploy.kinds import refuse_unsupported
 from ups.deploy.request import OPTIONS, DeployRequest
+from ups.workload import ScriptWorkload
 
 # A value other than the default for every option.
 SET: dict[str, Any] = {
@@ -29,6 +30,7 @@ SET: dict[str, Any] = {
     "skip_preflight": True,
     "sync_wheel": Path("dist/ups-0.1.0-py3-none-any.whl"),
     "save": Path("remote.log"),
+    "workload": ScriptWorkload(script="train.py", workdir=Path("examples/ddp")),
 }
 
 

@@ -9,10 +9,15 @@ imports torch: these commands answer as fast as the SSH connection allows.
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ups.grace import STOP_WAIT_S
+
+if TYPE_CHECKING:
+    from ups.workload import ScriptWorkload
 
 SUMMARY = {
     "deploy": "Preflight remotely, start the run detached, stream its log; exit with its "
@@ -35,6 +40,12 @@ HELP = {
     "deploy-run": "run id: a new one, or one to continue (default: continue the host's latest "
     "unfinished run of the config's name, else new)",
     "config": "run config to upload (default: configs/demo.yaml)",
+    "script": "your own torchrun script instead of the trainer: its directory is synced to the "
+    "host and it runs there with the checkpoint contract (docs/script.md)",
+    "run-file": "a run file (script, args, workdir, setup, env, checkpoint_dir, data, "
+    "include/exclude; docs/script.md) instead of a config",
+    "script-args": "the script's arguments as one string (shell words), replacing the run file's "
+    "args; `ups deploy` also takes them after `--`",
     "fresh": "start a new run even if an unfinished one of this name exists",
     "set": "KEY=VALUE config override, repeatable (as `ups launch --set`)",
     "dry-run": "print the plan only; touch no host",
@@ -67,7 +78,10 @@ def _parser(name: str) -> argparse.ArgumentParser:
         return p
     p.add_argument("--host", help=HELP["host"])
     if name == "deploy":
-        p.add_argument("--config", default="configs/demo.yaml", help=HELP["config"])
+        p.add_argument("--config", help=HELP["config"])
+        p.add_argument("--script", help=HELP["script"])
+        p.add_argument("--run-file", help=HELP["run-file"])
+        p.add_argument("--script-args", help=HELP["script-args"])
         p.add_argument("--run", help=HELP["deploy-run"])
         p.add_argument("--fresh", action="store_true", help=HELP["fresh"])
         p.add_argument(
@@ -100,7 +114,7 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
         return lambda: tasks.deploy(
             DeployRequest(
                 host=a.host,
-                config=Path(a.config),
+                config=Path(a.config or "configs/demo.yaml"),
                 run=a.run,
                 hosts_file=a.hosts_file,
                 overrides=tuple(a.set_ or ()),
@@ -110,6 +124,7 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
                 skip_preflight=a.skip_preflight,
                 sync_wheel=Path(a.sync_wheel) if a.sync_wheel else None,
                 save=Path(a.save) if a.save else None,
+                workload=_workload(a),
             )
         )
     calls: dict[str, Callable[[], int]] = {
@@ -126,11 +141,38 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
     return calls[name]
 
 
+def _workload(a: argparse.Namespace) -> ScriptWorkload | None:
+    """``--script``/``--run-file`` as one checked workload; a problem is a UsageError."""
+    from ups.deploy.errors import UsageError
+    from ups.workload import WorkloadError, load_run_file, script_workload, with_args
+
+    script, run_file = getattr(a, "script", None), getattr(a, "run_file", None)
+    words = shlex.split(a.script_args) if getattr(a, "script_args", None) else []
+    words += getattr(a, "after_dashes", None) or []
+    if script is None and run_file is None:
+        if words:
+            raise UsageError("script arguments were given without --script or --run-file")
+        return None
+    if sum(x is not None for x in (script, run_file, a.config)) > 1:
+        raise UsageError("give one of --config, --script and --run-file")
+    try:
+        if run_file is not None:
+            return with_args(load_run_file(Path(run_file)), words)
+        assert script is not None
+        return script_workload(script, words)
+    except WorkloadError as err:
+        raise UsageError(str(err)) from None
+
+
 def run(name: str, argv: list[str]) -> int:
     """Parse ``argv`` for command ``name`` and run it; the exit code of ``fab NAME``."""
     from ups.deploy import tasks
 
+    after: list[str] = []
+    if name == "deploy" and "--" in argv:
+        argv, after = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = _parser(name).parse_args(argv)
+    args.after_dashes = after
     if name == "down" and not args.host:
         _parser(name).error("--host is required (a kind: vast entry of hosts.yaml)")
     return tasks.guarded(operation(name, args), verbose=args.verbose)

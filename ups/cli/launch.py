@@ -5,6 +5,7 @@
                [--allow-resume-change world_size,...] [--skip-preflight] [--dry-run]
                [--log-format {auto,console,json}]
     ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
+    ups launch --run-file ups-run.yaml [-- SCRIPT_ARGS...]   (docs/script.md)
 
 Running the same command again continues the latest run of that name when it ended
 unfinished for a retryable reason (``ups.retry``); ``--fresh`` starts a new run.
@@ -18,11 +19,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ups.config import Config, ConfigError, load_config
 from ups.console import LOG_FORMATS, wants_console
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_CONFIG
+from ups.workload import WorkloadError, load_run_file, with_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan as JSON and exit")
     p.add_argument("--script", help="a torchrun-compatible script to run instead of the trainer")
     p.add_argument(
+        "--run-file",
+        metavar="FILE",
+        help="a run file naming your script, its args, workdir, checkpoint_dir and data "
+        "(docs/script.md); the script runs in its workdir",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="auto",
@@ -141,6 +150,28 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+def _from_run_file(
+    args: argparse.Namespace, script_args: list[str]
+) -> tuple[str, list[str], str | None, int | None]:
+    """Read ``--run-file`` (every problem at once, WorkloadError), move into its workdir
+    (the script's relative paths mean what they mean there) and return the script, its
+    arguments, its checkpoint dir and its stop grace. Secrets from its ``env_file`` join
+    this process's environment, which the workers inherit; never the plan's."""
+    if args.script or args.config:
+        raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
+    workload = with_args(load_run_file(Path(args.run_file)), script_args)
+    if missing := workload.missing_data():
+        raise WorkloadError(
+            workload.source,
+            [f"data: {d!r} does not exist in workdir {str(workload.workdir)!r}" for d in missing],
+        )
+    os.environ.update(workload.secrets(os.environ))
+    # Where the run lives stays relative to where `ups launch` was started.
+    args.output_dir = str(Path(args.output_dir or "runs").absolute())
+    os.chdir(workload.workdir)
+    return workload.script, list(workload.args), workload.checkpoint_dir, workload.stop_grace_s
+
+
 def main(argv: list[str]) -> int:
     own, script_args = (
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
@@ -156,11 +187,16 @@ def main(argv: list[str]) -> int:
     try:
         if args.gpus is not None:
             _select_gpus(args.gpus)
+        script, checkpoint_dir, grace = args.script, None, None
+        if args.run_file is not None:
+            script, script_args, checkpoint_dir, grace = _from_run_file(args, script_args)
         req = LaunchRequest(
             config_path=args.config,
             overrides=args.overrides,
-            script=args.script,
+            script=script,
             script_args=script_args,
+            checkpoint_dir=checkpoint_dir,
+            stop_grace_s=grace,
             nproc_per_node=args.nproc_per_node,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
@@ -191,7 +227,7 @@ def main(argv: list[str]) -> int:
 
         gpus = _gpu_count()
         plan = build_plan(req, cfg, gpu_count=gpus, pick_port=reserve_port)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, WorkloadError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
     if args.dry_run:

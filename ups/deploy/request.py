@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ups.deploy.errors import UsageError
 from ups.runid import run_id_problem
+from ups.workload import ScriptWorkload
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,16 @@ class DeployRequest:
     skip_preflight: bool = False
     sync_wheel: Path | None = None
     save: Path | None = None
+    workload: ScriptWorkload | None = None
+    """Your own script (``--script PATH -- ARGS`` or ``--run-file``) instead of the trainer
+    with ``config``."""
 
     def __post_init__(self) -> None:
+        if self.workload is not None and self.overrides:
+            raise UsageError(
+                "--set overrides a ups config; a script takes its own arguments after `--` "
+                "(or `args:` in the run file)"
+            )
         if self.run is not None and (problem := run_id_problem(self.run)):
             raise UsageError(f"--run: {problem}.")
         if self.run and self.fresh:
@@ -49,6 +58,7 @@ OPTIONS = {
     "skip_preflight": "--skip-preflight",
     "sync_wheel": "--sync-wheel",
     "save": "--save",
+    "workload": "--script/--run-file",
 }
 """Request field -> the flag a person typed. ``host``, ``config`` and ``hosts_file`` say
 what and where; every kind takes them."""

@@ -34,12 +34,13 @@ from ups.launch.oom import snapshot
 from ups.launch.plan import LaunchPlan
 from ups.launch.ports import release, reserve_port
 from ups.launch.procs import become_subreaper, sweep
+from ups.launch.scriptrun import newest, resumed_from, with_resume
 from ups.launch.tee import LineTee
 from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome
 from ups.retry import retry_verdict
-from ups.rundir import mark_latest, record_launch
+from ups.rundir import LAUNCH_PID, mark_latest, record_launch
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
 
@@ -63,9 +64,13 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
             extra["resume"] = (
                 "run the same command again to continue from the last checkpoint"
                 if plan.script is None
-                # ups keeps no checkpoint of a script's; whether it resumes is the script's
+                else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
+                if outcome.checkpoint
+                # the script committed no checkpoint: it starts from the beginning
                 else "run the same command again to start the script again"
             )
+    if outcome.resumed_from is not None and plan.script is not None:
+        extra["resumed_from"] = outcome.resumed_from
     log.log(
         level,
         "run_ended",
@@ -103,6 +108,7 @@ def execute(
     """
     out = console or sys.stdout
     run_dir = Path(plan.run_dir)
+    continued = (run_dir / LAUNCH_PID).exists()  # this run id was launched before
     become_subreaper()
     _try(
         "create the run directory",
@@ -116,7 +122,7 @@ def execute(
         _setup_logging(plan, tee)
         try:
             with _stop_on_signals():  # between the phases that handle signals themselves
-                return _gate_and_run(plan, cfg, gpu_count, tee)
+                return _gate_and_run(plan, cfg, gpu_count, tee, continued)
         except _Stopped as stop:
             reason = f"ups launch was stopped by {stop} while it wrapped up the run"
             return _fail(plan, reason, 128 + stop.signum, cause="stopped", phase="launch")
@@ -197,7 +203,9 @@ def _announce(plan: LaunchPlan) -> None:
         )
 
 
-def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee) -> int:
+def _gate_and_run(
+    plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: LineTee, continued: bool
+) -> int:
     _announce(plan)
     try:
         with _stop_on_signals():
@@ -210,7 +218,7 @@ def _gate_and_run(plan: LaunchPlan, cfg: Config | None, gpu_count: int, tee: Lin
     if failed is not None:
         reason = "preflight failed: " + ", ".join(failed)
         return _fail(plan, reason, EXIT_FAILED, cause="preflight", phase="preflight")
-    return _attempts(plan, cfg, tee)
+    return _attempts(plan, cfg, tee, continued)
 
 
 def _sync_run_end(plan: LaunchPlan, cfg: Config | None) -> None:
@@ -300,12 +308,16 @@ def _port_taken_reason(plan: LaunchPlan) -> str:
     )
 
 
-def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee) -> int:
+def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee, continued: bool) -> int:
     """torchrun, then again from the last checkpoint while the budget and the cause allow."""
     records: list[dict[str, Any]] = []
+    first_resume: Path | None = None
     while True:
         started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         before = snapshot()
+        plan, resume = with_resume(plan)  # a script's UPS_RESUME, as of this attempt
+        if not records:
+            first_resume = resume
         try:
             plan, result = _run_on_a_free_port(plan, tee, attempt=len(records) + 1)
         except Exception as exc:
@@ -341,6 +353,12 @@ def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee) -> int:
             break
         set_aside_previous_outcome(Path(plan.run_dir))
     final = dataclasses.replace(outcome, restarts=len(records) - 1, attempts=records)
+    if plan.script is not None:
+        final = dataclasses.replace(
+            final,
+            checkpoint=newest(plan),
+            resumed_from=resumed_from(plan, first_resume, continued),
+        )
     save_outcome(Path(plan.run_dir), final)
     _sync_run_end(plan, cfg)  # before the summary, so that stays the last thing shown
     code = exit_code(final, result.rc)

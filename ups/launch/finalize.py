@@ -19,6 +19,7 @@ from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
     EXIT_NONFINITE,
+    EXIT_PREEMPTED,
     EXIT_SAVE_FAILED,
     OUTCOME_FILE,
     Outcome,
@@ -73,6 +74,16 @@ def _outcome(plan: LaunchPlan, result: TorchrunResult, **fields: Any) -> Outcome
 
 def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     """The outcome as torchrun saw the run, for when the trainer left none."""
+    if plan.script is not None and result.received_signal and not result.failures:
+        # The script handled the stop (saved, exited 0): stopped by request, not done.
+        reason = (
+            f"{result.received_signal} received; all {plan.nproc_per_node} worker(s) on node "
+            f"{plan.node_rank} stopped and exited 0"
+        )
+        return _outcome(
+            plan, result, outcome="preempted", exit_code=EXIT_PREEMPTED, reason=reason,
+            signal=result.received_signal, cause="preempted",
+        )  # fmt: skip
     if result.rc == 0:
         reason = f"all {plan.nproc_per_node} worker(s) on node {plan.node_rank} exited 0"
         return _outcome(plan, result, outcome="finished", exit_code=0, reason=reason)

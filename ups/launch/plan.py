@@ -38,6 +38,10 @@ class LaunchRequest:
     script: str | None = None
     """A torchrun-compatible script to run instead of the bundled trainer."""
     script_args: list[str] = field(default_factory=list)
+    checkpoint_dir: str | None = None
+    """A script's ``UPS_CHECKPOINT_DIR``; default ``<run dir>/checkpoints``."""
+    stop_grace_s: int | None = None
+    """A script's time to save after SIGTERM; default ``distributed.stop_grace_s``."""
     nproc_per_node: int | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -84,6 +88,8 @@ class LaunchRequest:
             problems.append(f"--max-restarts must be at least 0 (got {self.max_restarts})")
         if self.run_id is not None and (problem := run_id_problem(self.run_id)):
             problems.append(f"--run-id: {problem}")
+        if self.script is None and (self.checkpoint_dir or self.stop_grace_s):
+            problems.append("a checkpoint dir and stop grace are a script's; no --script was given")
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
         if problems:
@@ -228,6 +234,14 @@ def _worker_env(
     return env
 
 
+def _script_env(req: LaunchRequest, run_dir: Path) -> dict[str, str]:
+    """A script's checkpoint directory (``UPS_RESUME`` is set as each attempt starts)."""
+    if req.script is None:
+        return {}
+    directory = Path(req.checkpoint_dir) if req.checkpoint_dir else run_dir / "checkpoints"
+    return {"UPS_CHECKPOINT_DIR": str(directory.absolute())}
+
+
 def build_plan(
     req: LaunchRequest,
     cfg: Config | None,
@@ -255,7 +269,7 @@ def build_plan(
     endpoint = f"{host}:{port}"
     worker_argv = _worker_argv(req, run_id)
     dcfg = cfg.distributed if cfg else DistributedConfig()
-    grace = shutdown_timeout_s(dcfg.stop_grace_s)
+    grace = shutdown_timeout_s(req.stop_grace_s or dcfg.stop_grace_s)
     rdzv_timeout = int(cfg.distributed.init_timeout_s) if cfg else DEFAULT_RDZV_TIMEOUT_S
     torchrun_argv = _torchrun_argv(
         req, nproc, endpoint, run_id, run_dir, rdzv_timeout, grace, worker_argv
@@ -280,7 +294,7 @@ def build_plan(
         port_note=port_note,
         port_fixed=req.rdzv_endpoint is not None,
         torchrun_argv=torchrun_argv,
-        env=_worker_env(run_id, str(run_dir), gpu_count, environ),
+        env=_worker_env(run_id, str(run_dir), gpu_count, environ) | _script_env(req, run_dir),
         preflight=not (req.skip_preflight or req.preflight_passed_by),
         preflight_passed_by=req.preflight_passed_by,
         preflight_strict=req.preflight_strict,

@@ -11,11 +11,12 @@ from typing import TextIO
 
 from ups.deploy.hosts import AddressedHost, ContainerHost, HostSpec
 from ups.deploy.onhost import operate
-from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
+from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan, load_run_config
 from ups.deploy.onhost.runs import choose_run
 from ups.deploy.request import OPTIONS, DeployRequest
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target
+from ups.workload import ScriptWorkload
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ContainerDeploy:
     env: dict[str, str]
     sync: Path | None = None
     mirror: Path | None = None
+    workload: ScriptWorkload | None = None
 
     def choose_run(self) -> None:
         self.plan = choose_run(self.target, self.plan, self.replan)
@@ -44,6 +46,7 @@ class ContainerDeploy:
             replan=self.replan,
             sync=self.sync,
             mirror=self.mirror,
+            workload=self.workload,
         )
 
 
@@ -62,6 +65,8 @@ class Container:
         self, request: DeployRequest, specs: Sequence[HostSpec], known_hosts: Path, out: TextIO
     ) -> ContainerDeploy:
         target = Target(spec=own(specs[0]), known_hosts=known_hosts, out=out)
+        if request.workload is not None:
+            return self._plan_script(request, request.workload, target)
         cfg = load_run_config(request.config, request.overrides)
         env = dict(os.environ)
 
@@ -80,6 +85,27 @@ class Container:
 
         return ContainerDeploy(
             target, replan(request.run), replan, env, request.sync_wheel, request.save
+        )
+
+    def _plan_script(
+        self, request: DeployRequest, workload: ScriptWorkload, target: Target
+    ) -> ContainerDeploy:
+        # The run file's secrets (env_file values too) join the values upload() sends.
+        env = {**os.environ, **workload.secrets(os.environ)}
+
+        def replan(run_id: str | None) -> DeployPlan:
+            return build_script_plan(
+                target.spec,
+                workload,
+                run_id=run_id,
+                fresh=request.fresh,
+                follow=request.follow,
+                skip_preflight=request.skip_preflight,
+                env=env,
+            )
+
+        return ContainerDeploy(
+            target, replan(request.run), replan, env, request.sync_wheel, request.save, workload
         )
 
     def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:

@@ -48,6 +48,7 @@ class Group:
     supported = frozenset({"run", "overrides", "dry_run", "follow", "skip_preflight"})
     instead = MappingProxyType(
         {
+            "workload": "a script runs on one container host so far; deploy it with --host NAME.",
             "fresh": "a job on several hosts always starts a new run unless --run names one. "
             "Leave out --fresh.",
             "sync_wheel": "install the wheel on each host first with `fab deploy --host NAME "

@@ -32,6 +32,8 @@ class Vast:
     supported = frozenset({"run", "overrides", "dry_run", "follow", "skip_preflight", "save"})
     instead = MappingProxyType(
         {
+            "workload": "a script runs on container (SSH) hosts so far; rent the instance, add it "
+            "to hosts.yaml as kind: container and deploy the script there.",
             "fresh": "a vast deploy always starts a new run on a new instance unless --run names "
             "one. Leave out --fresh.",
             "sync_wheel": "a vast instance starts from the image: publish a new image, point "

@@ -17,10 +17,12 @@ from typing import Any
 from fabric import Connection
 
 import ups
+from ups import jsonio
 from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import Keys, NoCredentials
 from ups.bucket.scoped import Access, MintRefused, keys_for
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
+from ups.deploy.onhost import workdir
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan, script_for
 from ups.deploy.onhost.runs import read_result, resolve_run, settle, state_of
@@ -37,6 +39,7 @@ from ups.deploy.transport.session import (
 from ups.grace import STOP_WAIT_S
 from ups.log import render_line
 from ups.pins import pinned_versions
+from ups.workload import ScriptWorkload
 
 
 def check_code(target: Target, conn: Connection, plan: DeployPlan) -> dict[str, Any]:
@@ -92,7 +95,10 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     result = run(conn, plan.step("upload").command or "", target.spec)
     if result.exited != 0:
         raise DeployError(f"cannot create {r.state_dir} on {plan.host!r}: {result.stderr}")
-    conn.sftp().put(plan.config, r.state("config.yaml"))
+    if plan.run_file is None:
+        conn.sftp().put(plan.config, r.state("config.yaml"))
+    else:
+        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("run.sh"), script_for(plan, target.spec.remote_env))
     write_text(conn, r.state("output_dir"), r.output_dir)
     if plan.secrets:
@@ -120,6 +126,7 @@ def prepare(
     env: dict[str, str],
     replan: Callable[[str], DeployPlan],
     sync: Path | None = None,
+    workload: ScriptWorkload | None = None,
 ) -> tuple[DeployPlan, int]:
     """Everything before starting: pick the run, check code, upload, preflight.
 
@@ -129,6 +136,12 @@ def prepare(
     if sync is not None:
         sync_wheel(target, conn, sync)
     check_code(target, conn, plan)
+    if workload is not None and plan.run_file is not None:
+        workdir.sync(target, conn, workload, plan.run_file["workdir"])
+        setup = [s for s in plan.steps if s.name == "setup"]
+        workdir.run_setup(target, conn, [(s.detail, s.command or "") for s in setup])
+        if plan.has_step("check-data"):
+            workdir.check_data(target, conn, plan.step("check-data").command or "")
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:
@@ -161,10 +174,13 @@ def deploy(
     replan: Callable[[str], DeployPlan],
     sync: Path | None = None,
     mirror: Path | None = None,
+    workload: ScriptWorkload | None = None,
 ) -> int:
     conn = target.connect()
     try:
-        plan, offset = prepare(target, conn, plan, env=env, replan=replan, sync=sync)
+        plan, offset = prepare(
+            target, conn, plan, env=env, replan=replan, sync=sync, workload=workload
+        )
         launch(target, conn, plan)
     finally:
         conn.close()

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ups import jsonio
 from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
@@ -22,6 +23,7 @@ from ups.deploy.errors import UsageError
 from ups.deploy.hosts import AddressedHost
 from ups.deploy.transport import remote as rc
 from ups.runid import new_run_id, run_id_problem
+from ups.workload import ScriptWorkload
 
 SECRET_NAMES = ("WANDB_API_KEY",)
 """Local environment variables forwarded to the run (values go in a 0600 file, never argv)."""
@@ -70,6 +72,9 @@ class DeployPlan:
     """Continue the host's latest unfinished run of this name instead of ``run_id``
     (decided on the host; None with ``--run``, ``run.run_id`` or ``--fresh``)."""
     node: Node | None = None
+    run_file: dict[str, Any] | None = None
+    """A script run: the run file ``ups launch --run-file`` reads on the host (no secrets;
+    the code is synced to its ``workdir`` first). None: the trainer with ``config``."""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -95,7 +100,9 @@ class DeployPlan:
         lines = [
             f"deploy plan: {run} on {self.host} ({self.kind}, {self.address}{node})",
             f"  image:    {self.image}",
-            f"  config:   {self.config} -> {self.remote.state('config.yaml')}",
+            f"  config:   {self.config} -> {self.remote.state('config.yaml')}"
+            if self.run_file is None
+            else f"  script:   {self.config} -> {self.run_file['workdir']}",
             f"  run dir:  {self.remote.run_dir}",
             f"  secrets:  {', '.join(self.secrets) or '(none)'} (0600 file, never on argv)",
         ]
@@ -242,6 +249,100 @@ def build_plan(
         steps=steps,
         resume_name=None if (fixed or fresh or node) else cfg.run.name,
         node=node,
+    )
+
+
+def build_script_plan(
+    spec: AddressedHost,
+    workload: ScriptWorkload,
+    *,
+    run_id: str | None = None,
+    fresh: bool = False,
+    follow: bool = True,
+    skip_preflight: bool = False,
+    env: dict[str, str] | None = None,
+) -> DeployPlan:
+    """Plan a deploy of your own script to a ``container`` host (reads nothing remote):
+    sync its workdir, run its setup (cached by content), preflight the host, launch it
+    with ``ups launch --run-file``."""
+    from ups.deploy.onhost.workdir import code_dir, setup_key, setup_marker
+
+    check_run_flag(run_id)
+    env = dict(os.environ) if env is None else env
+    fixed = run_id
+    run_id = fixed or new_run_id(workload.name)
+    remote = rc.RemoteRun(workdir=spec.workdir, run_id=run_id)
+    dest = code_dir(spec.workdir, workload)
+    run_file = remote.state("run.json")
+    launch_argv = [spec.ups_bin, "launch", "--run-file", run_file, "--run-id", run_id]
+    launch_argv += ["--output-dir", remote.output_dir]
+    if spec.gpus:
+        launch_argv += ["--nproc-per-node", str(spec.gpus)]
+    launch_argv += (
+        ["--skip-preflight"] if skip_preflight else ["--preflight-passed-by", "fab deploy"]
+    )
+    steps = [
+        Step("connect", f"ssh {address(spec)}, verify host key against the ups known_hosts"),
+        Step(
+            "check-code",
+            "compare remote ups/torch versions with this checkout's",
+            rc.code_info_command(spec.ups_bin),
+        ),
+        Step(
+            "sync",
+            f"{workload.workdir} -> {dest}: changed files only (.gitignore, include/exclude)",
+        ),
+    ]
+    for command in workload.setup:
+        marker = setup_marker(spec.workdir, setup_key(workload, command))
+        steps.append(
+            Step(
+                "setup",
+                command,
+                rc.setup_command(spec.ups_bin, dest, marker, command),
+            )
+        )
+    if workload.data:
+        steps.append(
+            Step(
+                "check-data",
+                "the run file's data paths exist on the host",
+                rc.missing_paths_command(dest, workload.data),
+            )
+        )
+    steps.append(
+        Step("upload", "run file, run script, secrets (0600)", rc.mkdir_command(remote.state_dir))
+    )
+    if not skip_preflight:
+        preflight = rc.preflight_argv(spec.ups_bin, None, spec.gpus, check_port=False)
+        steps.append(
+            Step(
+                "preflight",
+                "run preflight remotely; stop on failure",
+                rc.in_dir(spec.workdir, rc.argv(*preflight)),
+            )
+        )
+    steps.append(Step("start", "start detached under setsid nohup", rc.start_command(remote)))
+    if follow:
+        steps.append(Step("follow", f"stream {remote.launch_log} until the launcher exits"))
+    command = rc.argv(str(workload.workdir / workload.script), *workload.args)
+    secrets = [n for n in SECRET_NAMES if env.get(n)] + [
+        n for n in workload.env if n not in SECRET_NAMES
+    ]
+    return DeployPlan(
+        host=spec.name,
+        kind="container",
+        address=address(spec),
+        image=spec.image,
+        run_id=run_id,
+        config=f"{workload.source} ({command})",
+        remote=remote,
+        launch_argv=launch_argv,
+        secrets=secrets,
+        follow=follow,
+        steps=steps,
+        resume_name=None if (fixed or fresh) else workload.name,
+        run_file=workload.for_host(dest),
     )
 
 

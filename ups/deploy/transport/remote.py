@@ -264,3 +264,35 @@ def preflight_argv(
     if gpus:
         words += ["--gpus", str(gpus)]
     return words
+
+
+SYNC_MANIFEST = ".ups-sync.json"
+"""In a synced code directory: what was sent (path -> size and SHA-256), for the next sync."""
+
+
+def unpack_command(archive: str, dest: str, remove: Sequence[str]) -> str:
+    """Unpack a sync archive into ``dest``, delete it, then the files gone from the workdir
+    (``remove``, relative to ``dest``)."""
+    gone = f" && cd {q(dest)} && rm -f -- {argv(*remove)}" if remove else ""
+    return f"mkdir -p {q(dest)} && tar -xzf {q(archive)} -C {q(dest)} && rm -f {q(archive)}" + gone
+
+
+SETUP_CACHED = "ups-setup-cached"
+
+
+def setup_command(ups_bin: str, code_dir: str, marker: str, command: str) -> str:
+    """Run the user's ``setup`` command once per ``marker`` (its content hash), in the
+    synced code dir, with ups's own interpreter first on PATH (``pip`` installs where the
+    script runs). ``command`` is the user's own shell text, sent as written."""
+    return (
+        f"if [ -f {q(marker)} ]; then echo {SETUP_CACHED}; exit 0; fi; "
+        f'{ups_python(ups_bin)}; export PATH="$(dirname "$PY"):$PATH"; '
+        # On lines of its own: a `#` comment in the command must not swallow the `)`.
+        f"cd {q(code_dir)} && (\n{command}\n) && mkdir -p {q(posixpath.dirname(marker))} "
+        f"&& touch {q(marker)}"
+    )
+
+
+def missing_paths_command(base: str, paths: Sequence[str]) -> str:
+    """Print each of ``paths`` (relative to ``base``) that does not exist, one a line."""
+    return f'cd {q(base)} && for p in {argv(*paths)}; do [ -e "$p" ] || echo "$p"; done'

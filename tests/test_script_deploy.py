@@ -1,0 +1,117 @@
+"""`fab deploy --run-file` of your own script on a real sshd (the `container` host kind).
+
+One test in phases, each a real deploy of examples/ddp/train.py (plain DDP, gloo, two
+ranks, a few seconds): to the end; with a rank raising; stopped mid-run by `fab stop` and
+deployed again, resuming from the script's own committed checkpoint to final weights equal
+to the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.deploy_fixtures import REPO, SshServer, fab, sshd
+
+__all__ = ["sshd"]  # fixture used by name below
+
+pytestmark = [pytest.mark.ssh, pytest.mark.slow]
+
+SECRET = "script-secret-0123456789abcdef"
+RUN_FILE = """\
+script: train.py
+args: [--steps, "14", --save-every, "4", --out, final.pt]
+setup: ["python -c 'import sys; print(sys.version)' > setup-ran.txt # requirements.txt"]
+env: [SCRIPT_TOKEN]
+env_file: secrets.env
+exclude: ["*.pt", checkpoints]
+stop_grace_s: 30
+"""
+
+
+def _project(tmp_path: Path) -> Path:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    shutil.copy(REPO / "examples" / "ddp" / "train.py", proj / "train.py")
+    (proj / "ups-run.yaml").write_text(RUN_FILE)
+    (proj / "requirements.txt").write_text("# nothing to install\n")
+    (proj / "secrets.env").write_text(f"SCRIPT_TOKEN={SECRET}\n")
+    (proj / ".gitignore").write_text("secrets.env\n*.log\n")
+    (proj / "notes.log").write_text("never sent\n")
+    return proj
+
+
+def _wait_for(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.3)  # waiting for the detached run to get there, bounded
+    raise AssertionError(f"{text!r} not in {path} within {timeout} s")
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    loaded: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
+    return loaded
+
+
+def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
+    sshd: SshServer, tmp_path: Path
+) -> None:
+    """The script runs to the end (exit 0, finished; .gitignore'd files and the secret stay
+    home; setup ran once); a raising rank is named with its exception and exit code; `fab
+    stop` preempts it (75) after it commits a checkpoint, and the same deploy again resumes
+    from that checkpoint (UPS_RESUME) to weights `torch.equal` to the uninterrupted run's."""
+    # The host runs this checkout's ups (the sshd session does not inherit PYTHONPATH).
+    entry = sshd.host_entry(remote_env=f"export PYTHONPATH={REPO}")
+    hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
+    workdir = sshd.root / "remote"
+    proj = _project(tmp_path)
+    deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
+    deploy += ["--run-file", str(proj / "ups-run.yaml")]
+
+    done = fab(*deploy)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "finished (exit 0)" in done.stdout and "finished: weights in final.pt" in done.stdout
+    assert "4 file(s) sent" in done.stdout  # train.py, ups-run.yaml, requirements, .gitignore
+    (code,) = (workdir / "code").glob("train-*")
+    assert not (code / "notes.log").exists() and not (code / "secrets.env").exists()
+    assert (code / "setup-ran.txt").is_file()
+    assert SECRET not in done.stdout + done.stderr
+    first_run = done.stdout.split("started run ", 1)[1].split()[0]
+    assert SECRET not in (workdir / "runs" / first_run / "logs" / "launch.log").read_text()
+    reference = _weights(code / "final.pt")
+    (code / "final.pt").unlink()
+
+    failed = fab(*deploy, "--fresh", "--script-args=--steps 14 --fail-rank 1 --fail-at 3")
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert "0 file(s) sent" in failed.stdout and "cached" in failed.stdout
+    assert "rank 1 exited with code 1: RuntimeError: boom on rank 1 at step 3" in failed.stdout
+
+    held = ["--script-args=--steps 14 --save-every 4 --out final.pt --pause-at 6"]
+    started = fab(*deploy, "--fresh", *held, "--detach")
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-2000:]
+    run_id = started.stdout.split("started run ", 1)[1].split()[0]
+    run_dir = workdir / "runs" / run_id
+    _wait_for(run_dir / "logs" / "launch.log", "step 5 loss")  # then held at 6
+    stopped = fab("stop", "--host", "test", "--hosts-file", str(hosts), "--timeout", "120")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert "preempted (exit 75)" in stopped.stdout
+    preempted = json.loads((run_dir / "outcome.json").read_text())
+    assert preempted["checkpoint"].endswith("checkpoints/step_000006.pt")
+
+    again = fab(*deploy, *held)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert f"continuing run {run_id}" in again.stdout
+    assert "training steps 6..14" in again.stdout
+    outcome = json.loads((run_dir / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished"
+    assert outcome["resumed_from"]["checkpoint"] == preempted["checkpoint"]
+    resumed = _weights(code / "final.pt")
+    assert resumed.keys() == reference.keys()
+    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
