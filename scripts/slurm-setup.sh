@@ -90,7 +90,7 @@ start() {
     $SUDO munged --force --key-file="$dir/munge/munge.key" \
         --socket="$dir/munge/munge.socket" --pid-file="$dir/run/munged.pid" \
         --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
-    $SUDO env SLURM_CONF="$SLURM_CONF" slurmctld -i
+    $SUDO env SLURM_CONF="$SLURM_CONF" slurmctld -c  # -c: no jobs left from an earlier start
     for node in n1 n2; do
         $SUDO env SLURM_CONF="$SLURM_CONF" slurmd -N "$node"
     done
@@ -112,6 +112,14 @@ stop() {
     for pidfile in "$dir"/run/slurmd-n1.pid "$dir"/run/slurmd-n2.pid \
         "$dir"/run/slurmctld.pid "$dir"/run/munged.pid; do
         if [ -f "$pidfile" ]; then $SUDO kill "$(cat "$pidfile")" 2>/dev/null || true; fi
+    done
+    for pidfile in "$dir"/run/*.pid; do  # gone, so that a new start can take the ports
+        [ -f "$pidfile" ] || continue
+        for _ in $(seq 1 100); do
+            $SUDO kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null || break
+            sleep 0.1
+        done
+        $SUDO rm -f "$pidfile"
     done
 }
 
