@@ -8,6 +8,7 @@ answering. A cluster that stopped answering is stopped and started again.
 
 from __future__ import annotations
 
+import getpass
 import os
 import subprocess
 import tempfile
@@ -52,10 +53,7 @@ def _setup(*args: str) -> None:
         pytest.fail(f"scripts/slurm-setup.sh {' '.join(args)} failed:\n{out.stderr[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[Path]:
-    """The test cluster's slurm.conf, with both nodes up (fails, never skips, when Slurm
-    cannot be installed or started)."""
+def _start_once() -> Path:
     from filelock import FileLock
 
     with FileLock(str(SLURM_DIR) + ".lock", timeout=900):
@@ -63,4 +61,17 @@ def slurm_cluster() -> Iterator[Path]:
             _setup("install")
             _setup("stop", str(SLURM_DIR))
             _setup("start", str(SLURM_DIR))
-    yield SLURM_CONF
+    return SLURM_CONF
+
+
+@pytest.fixture
+def slurm_cluster() -> Iterator[Path]:
+    """The test cluster's slurm.conf, with both nodes up (fails, never skips, when Slurm
+    cannot be installed or started). Every job still queued when the test ends is
+    cancelled: a failed test leaves no job holding the nodes (the slurm tests run on one
+    xdist worker, ``xdist_group("slurm")``)."""
+    conf = _start_once()
+    try:
+        yield conf
+    finally:
+        slurm("scancel", "--user", getpass.getuser())

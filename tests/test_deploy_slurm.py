@@ -142,7 +142,7 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     (first,) = [e for e in _events(log) if e.get("event") == "resumed"]
     assert first["path"].endswith("step_000007.pt") and first["step"] == 7
 
-    again = fab(*deploy, timeout=300)
+    again = fab(*deploy, "--run", "pair", timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
     held = preempted["step"]
     assert f"continuing run pair on cluster (it preempted at step {held})" in again.stdout
@@ -188,4 +188,9 @@ def test_unschedulable_request_and_failing_node_preflight(
     assert "preflight on n2 failed:" in failed.stdout
     assert "is not a writable directory on n2" in failed.stdout
     assert "preflight failed on n2" in failed.stderr and "--exclude" in failed.stderr
+    assert "failed (exit 4): preflight failed on n2 before training" in failed.stdout
+    outcome = json.loads((workdir / "runs" / "bad" / "outcome.json").read_text())
+    assert (outcome["outcome"], outcome["cause"], outcome["phase"]) == (
+        "failed", "preflight", "preflight",
+    )  # fmt: skip
     assert not (workdir / "runs" / "bad" / "logs").exists()  # no training started

@@ -30,6 +30,12 @@ STOP_SIGNAL = "USR2"
 """`fab stop` sends this to the batch shell: stop at a step with a checkpoint, no requeue."""
 WARN_SIGNAL = "USR1"
 """Slurm sends this ahead of the time limit (``--signal=B:USR1@N``): checkpoint, requeue."""
+_PREFLIGHT_OUTCOME = (
+    '{"run_id": "%s", "outcome": "failed", "exit_code": 4, "phase": "preflight", '
+    '"cause": "preflight", "reason": "preflight failed on %s before training (reports in %s)"}\\n'
+)
+"""outcome.json when a node's preflight failed (printf: run id, nodes, report dir; the run
+id and paths are checked words, Slurm's node names letters and digits: strict JSON)."""
 PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "SUSPENDED"})
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "RESIZING", "STAGE_OUT", "SIGNALING"})
 
@@ -60,7 +66,7 @@ def node_output_dir(run: RemoteRun) -> str:
 
 def node_script(job: JobSpec) -> str:
     """What ``srun`` runs on every node: ``preflight`` (report to the state dir) or
-    ``train`` (one ``ups launch`` node agent; SIGUSR1 or SIGTERM stop it at a step)."""
+    ``train`` (one ``ups launch`` node agent; SIGTERM stops it at a step)."""
     run = job.run
     state = run.state
     report = f"{q(state(PREFLIGHT_DIR))}/$SLURMD_NODENAME"
@@ -86,15 +92,12 @@ def node_script(job: JobSpec) -> str:
         f"  {preflight} $port >> {report}.txt 2>&1 || {{ echo $? > {report}.failed; exit 4; }}",
         "  exit 0",
         "fi",
-        f'{launch} --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
-        '--rdzv-endpoint "$UPS_RDZV_ENDPOINT" --output-dir "$out" &',
-        "pid=$!",
-        # Slurm signals every process of the step on requeue or cancel; the batch shell
-        # forwards its USR1 (time limit, `fab stop`) through srun: both end here as SIGTERM
-        # to the launcher, which stops the ranks at a step with a checkpoint.
-        "trap 'kill -TERM $pid 2>/dev/null' USR1 TERM",
-        'while :; do wait "$pid"; rc=$?; kill -0 "$pid" 2>/dev/null || break; done',
-        "exit $rc",
+        # exec: Slurm sends SIGTERM to every process of the step (requeue, cancel, and the
+        # batch shell's `scancel --signal=TERM` on the time-limit warning or `fab stop`), so
+        # the launcher gets it once, from Slurm, and stops the ranks at a step with a
+        # checkpoint; a shell in between forwarding it too would signal it twice.
+        f'exec {launch} --nnodes "$SLURM_NNODES" --node-rank "$SLURM_NODEID" '
+        '--rdzv-endpoint "$UPS_RDZV_ENDPOINT" --output-dir "$out"',
     ]
     return "\n".join(line for line in lines if line) + "\n"
 
@@ -132,14 +135,24 @@ def batch_script(job: JobSpec) -> str:
         lines += [
             f"rm -rf {report} && mkdir -p {report}",
             f"{srun} --kill-on-bad-exit=0 {node} preflight",
-            f"if ls {report}/*.failed >/dev/null 2>&1; then end 4; fi",
+            f"failed=$(cd {report} && ls -- *.failed 2>/dev/null | sed 's/[.]failed$//' "
+            "| paste -sd ' ')",
+            'if [ -n "$failed" ]; then',
+            # The job's outcome, as a run's: `fab status` and the follow's last line say it.
+            f"  mkdir -p {q(run.run_dir)} && printf {q(_PREFLIGHT_OUTCOME)} {q(run.run_id)} "
+            f'"$failed" {report} > {q(run.outcome + ".tmp")} '
+            f"&& mv {q(run.outcome + '.tmp')} {q(run.outcome)}",
+            "  end 4",
+            "fi",
         ]
     lines += [
         "stop=0; warned=0",
-        # The step gets USR1 through srun; a TERM to this shell (Slurm requeues or cancels
-        # the job) reaches the step from Slurm itself, so this shell only waits for it.
-        f"trap 'warned=1; kill -USR1 $step 2>/dev/null' {WARN_SIGNAL}",
-        f"trap 'stop=1; kill -USR1 $step 2>/dev/null' {STOP_SIGNAL}",
+        # SIGTERM to the job's steps only (not to this shell, nor to srun, which would
+        # cancel the step): every process of the training step gets it. A TERM to this
+        # shell (Slurm requeues or cancels the job) reaches the step from Slurm itself, so
+        # this shell only waits for the step.
+        f"trap 'warned=1; scancel --signal=TERM \"$SLURM_JOB_ID\"' {WARN_SIGNAL}",
+        f"trap 'stop=1; scancel --signal=TERM \"$SLURM_JOB_ID\"' {STOP_SIGNAL}",
         "trap 'true' TERM",
         f"{srun} --kill-on-bad-exit=1 {node} train &",
         "step=$!",
