@@ -179,6 +179,9 @@ def test_unschedulable_request_and_failing_node_preflight(
     assert "was still pending after 3 s (PartitionNodeLimit), so it was cancelled" in pending.stderr
     job_id = (workdir / ".ups" / "deploy" / "huge" / "jobid").read_text().strip()
     assert "CANCELLED" in slurm("scontrol", "show", "job", job_id).stdout
+    down = fab("down", "--host", "huge", "--hosts-file", str(hosts), timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert f"slurm job {job_id} cancelled (run huge): nothing to cancel" in down.stdout
 
     # Node 1's run directory (runs/<id>/nodes/1) cannot be created: a file is in its way.
     (workdir / "runs" / "bad" / "nodes").mkdir(parents=True)

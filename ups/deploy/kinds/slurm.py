@@ -175,7 +175,8 @@ class Slurm:
         allocation = [f"--nodes={slurm.nodes}", "--ntasks-per-node=1", "--label"]
         allocation += [f"--partition={slurm.partition}"] if slurm.partition else []
         allocation += [f"--gpus-per-node={slurm.gpus_per_node}"] if slurm.gpus_per_node else []
-        check = rc.preflight_argv(slurm.ups_bin, config, slurm.gpus_per_node)
+        # No port check: a job's rendezvous port is chosen when it is submitted.
+        check = rc.preflight_argv(slurm.ups_bin, config, slurm.gpus_per_node, check_port=False)
         return rc.argv("srun", *allocation, *check)
 
     def stop_command(self, spec: HostSpec, run: rc.RemoteRun, timeout_s: float) -> str:
@@ -194,6 +195,10 @@ class Slurm:
             job_id = on_slurm.job_of(conn, own(spec), found)
             if job_id is None:
                 out.write(f"run {found.run_id} was never submitted: nothing to cancel\n")
+                return 0
+            state = on_slurm.job_state(conn, own(spec), job_id)
+            if not state.queued:
+                out.write(f"slurm {state.words()} (run {found.run_id}): nothing to cancel\n")
                 return 0
             result = run(conn, sl.cancel_command(job_id), own(spec))
         finally:

@@ -157,6 +157,12 @@ def batch_script(job: JobSpec) -> str:
         f"{srun} --kill-on-bad-exit=1 {node} train &",
         "step=$!",
         'while :; do wait "$step"; rc=$?; kill -0 "$step" 2>/dev/null || break; done',
+        # The run's exit code is rank 0's (node 0's outcome.json, when this attempt wrote
+        # one): another node's launcher may end 143 on the same SIGTERM.
+        f"if [ {q(run.outcome)} -nt {q(state(ATTEMPTS_FILE))} ]; then",
+        f"  code=$(sed -n 's/^  \"exit_code\": \\([0-9]*\\),\\{{0,1\\}}$/\\1/p' {q(run.outcome)})",
+        '  if [ -n "$code" ]; then rc=$code; fi',
+        "fi",
     ]
     if job.requeue:
         lines += [
