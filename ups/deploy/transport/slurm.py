@@ -184,7 +184,7 @@ def submit_command(run: RemoteRun) -> str:
     return f"cd {q(run.state_dir)} && sbatch --parsable {BATCH_SCRIPT}"
 
 
-JOB_FIELDS = ("JobState", "Reason", "NodeList", "Restarts", "ExitCode")
+JOB_FIELDS = ("JobState", "Reason", "NodeList", "Restarts")
 
 
 def job_state_command(job_id: str) -> str:
