@@ -63,11 +63,12 @@ def _events(log: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def _wait(log: Path, timeout: float, **match: Any) -> float:
-    """Wait for an event with these fields in ``log``; the monotonic time it was seen."""
+def _wait(log: Path, timeout: float, count: int = 1, **match: Any) -> float:
+    """Wait for ``count`` events with these fields in ``log``; the monotonic time the last
+    was seen."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(all(e.get(k) == v for k, v in match.items()) for e in _events(log)):
+        if sum(all(e.get(k) == v for k, v in match.items()) for e in _events(log)) >= count:
             return time.monotonic()
         time.sleep(0.2)  # polling the run's log, bounded by the deadline
     raise AssertionError(f"no {match} in {log} within {timeout} s:\n{log.read_text()[-3000:]}")
@@ -87,8 +88,9 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     slurm_cluster: Path, sshd: SshServer, demo_data: Path, tmp_path: Path
 ) -> None:
     """2 nodes x 1 rank: `fab deploy` prints the batch script it submits, preflights both
-    nodes inside the allocation and follows the run; `scontrol requeue` mid-run stops it
-    with a checkpoint and it resumes there; `fab status` names the nodes; `fab stop`
+    nodes inside the allocation and follows the run; the time-limit warning (USR1 to the
+    batch shell) and then `scontrol requeue` mid-run each stop it with a checkpoint and it
+    resumes there, under the same job; `fab status` names the nodes; `fab stop`
     preempts it (exit 75) and the same `fab deploy` continues it. Its held-out numbers
     and final weights equal an uninterrupted 1 node x 2 ranks job's (same global batch)."""
     workdir = sshd.root / "remote"
@@ -101,8 +103,9 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     )  # fmt: skip
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-2000:]
 
-    # Held asleep at steps 6 and 9 until stopped: the requeue and the stop land mid-run.
-    pauses = [{"kind": "pause", "rank": r, "step": s} for s in (6, 9) for r in (0, 1)]
+    # Held asleep at steps 3, 6 and 9 until stopped: the time-limit warning, the requeue
+    # and the stop land mid-run.
+    pauses = [{"kind": "pause", "rank": r, "step": s} for s in (3, 6, 9) for r in (0, 1)]
     paused = demo_config(tmp_path / "paused.yaml", max_steps=12, extra={"faults": pauses})
     deploy = ["deploy", "--host", "cluster", "--hosts-file", str(hosts), "--config", str(paused)]
     log = workdir / "runs" / "pair" / "logs" / "launch.log"
@@ -113,16 +116,20 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     )  # fmt: skip
     try:
         first_step = _wait(log, 240, event="train_step", step=0) - started
-        _wait(log, 120, event="fault_injected", step=6)
+        _wait(log, 120, event="fault_injected", step=3)
         job_id = (workdir / ".ups" / "deploy" / "pair" / "jobid").read_text().strip()
 
         status = fab("status", "--host", "cluster", "--hosts-file", str(hosts), timeout=60)
         assert status.returncode == 0, status.stderr
         assert f"slurm job {job_id}: running on n[1-2]" in status.stdout
 
+        # What `--signal=B:USR1@N` sends ahead of the time limit: checkpoint, requeue itself.
+        assert slurm("scancel", "--signal=USR1", "--batch", job_id).returncode == 0
+        _wait(log, 240, event="resumed")
+        _wait(log, 120, event="fault_injected", step=6)
         requeued_at = time.monotonic()
         assert slurm("scontrol", "requeue", job_id).returncode == 0
-        resumed = _wait(log, 240, event="resumed") - requeued_at
+        resumed = _wait(log, 240, count=2, event="resumed") - requeued_at
         _wait(log, 120, event="fault_injected", step=9)
         stopped = fab("stop", "--host", "cluster", "--hosts-file", str(hosts), timeout=200)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -135,12 +142,15 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     assert _printed_script(out) == submitted.read_text()  # what ran is what was printed
     assert f"submitted run pair as slurm job {job_id}" in out
     assert "preflight_passed_before_launch" in out
-    assert f"slurm job {job_id}: requeued 1 time(s), started 2" in out
+    assert f"slurm job {job_id}: requeued 2 time(s), started 3" in out
     preempted = json.loads((workdir / "runs" / "pair" / "outcome.json").read_text())
     assert preempted["outcome"] == "preempted" and preempted["world_size"] == 2
-    # The requeue lost no step: resumed from the checkpoint written where it was held.
-    (first,) = [e for e in _events(log) if e.get("event") == "resumed"]
-    assert first["path"].endswith("step_000007.pt") and first["step"] == 7
+    # No requeue lost a step: each resumed from the checkpoint written where it was held.
+    resumes = [(e["path"], e["step"]) for e in _events(log) if e.get("event") == "resumed"]
+    assert resumes == [
+        ("runs/pair/checkpoints/step_000004.pt", 4),
+        ("runs/pair/checkpoints/step_000007.pt", 7),
+    ]
 
     again = fab(*deploy, "--run", "pair", timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
