@@ -185,7 +185,9 @@ def test_unschedulable_request_and_failing_node_preflight(
 
     pending = fab("deploy", "--host", "huge", *common, "--run", "huge", timeout=120)
     assert pending.returncode == 6, pending.stdout[-3000:] + pending.stderr
-    assert re.search(r"slurm job \d+ pending \(PartitionNodeLimit\)", pending.stdout)
+    assert re.search(
+        r"slurm job \d+ pending \(PartitionNodeLimit\), position 1 in the queue", pending.stdout
+    )
     assert "was still pending after 3 s (PartitionNodeLimit), so it was cancelled" in pending.stderr
     job_id = (workdir / ".ups" / "deploy" / "huge" / "jobid").read_text().strip()
     assert "CANCELLED" in slurm("scontrol", "show", "job", job_id).stdout

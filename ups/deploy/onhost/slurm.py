@@ -40,6 +40,8 @@ class JobState:
     reason: str = ""
     nodes: str = ""
     restarts: int = 0
+    position: str = ""
+    """Its place among the cluster's pending jobs, highest priority first."""
 
     @property
     def pending(self) -> bool:
@@ -52,7 +54,8 @@ class JobState:
 
     def words(self) -> str:
         if self.pending:
-            return f"job {self.job_id} pending ({self.reason})"
+            where = f"position {self.position or '?'} in the queue"
+            return f"job {self.job_id} pending ({self.reason}), {where}"
         if self.state == "RUNNING":
             return f"job {self.job_id} running on {self.nodes}"
         return f"job {self.job_id} {self.state.lower() or 'no longer known to Slurm'}"
@@ -68,6 +71,7 @@ def job_state(conn: Connection, spec: SlurmHost, job_id: str) -> JobState:
         reason=fields.get("Reason", ""),
         nodes=fields.get("NodeList", ""),
         restarts=int(restarts) if restarts.isdigit() else 0,
+        position=fields.get("Position", ""),
     )
 
 

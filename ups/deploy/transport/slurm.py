@@ -197,7 +197,16 @@ def _job_fields(job_word: str) -> str:
     keys = "|".join(JOB_FIELDS)
     return (
         f"scontrol show job {job_word} -o 2>/dev/null | tr ' ' '\\n' "
-        f"| grep -E {q(f'^({keys})=')} || true"
+        f"| grep -E {q(f'^({keys})=')}; {_position(job_word)} || true"
+    )
+
+
+def _position(job_word: str) -> str:
+    """``Position=N``: the job's place among the cluster's pending jobs, highest priority
+    first (nothing when it is not pending)."""
+    return (
+        f"squeue -h -t PENDING -o %i --sort=-p,i 2>/dev/null | grep -nx {job_word} "
+        "| cut -d: -f1 | sed 's/^/Position=/'"
     )
 
 
@@ -214,9 +223,10 @@ def status_command(run: RemoteRun) -> str:
         f'info=$([ -n "$job" ] && {_job_fields(chr(34) + "$job" + chr(34))}); '
         f"st={field.format('JobState')}; reason={field.format('Reason')}; "
         f"nodes={field.format('NodeList')}; restarts={field.format('Restarts')}; "
+        f"pos={field.format('Position')}; "
         f'case "$st" in {live}) echo alive=1;; *) echo alive=0;; esac; '
         'case "$st" in '
-        'PENDING) echo "note=slurm job $job: pending ($reason)";; '
+        'PENDING) echo "note=slurm job $job: pending ($reason), position ${pos:-?} in the queue";; '
         'RUNNING) echo "note=slurm job $job: running on $nodes";; '
         '"") echo "note=slurm job ${job:-?}: not known to Slurm (any more)";; '
         '*) echo "note=slurm job $job: $st";; esac; '
