@@ -40,7 +40,12 @@ fi
 build_log=$(mktemp)
 bash scripts/build-images.sh >"$build_log" 2>&1 &
 build_pid=$!
-trap 'kill "$build_pid" 2>/dev/null || true' EXIT  # a linter failed: stop the build too
+# Slurm (slurmctld, slurmd, munge from Debian) for the `kind: slurm` tests, installed
+# meanwhile too; their fixture (tests/slurm_fixtures.py) starts the two-node cluster.
+slurm_log=$(mktemp)
+bash scripts/slurm-setup.sh install >"$slurm_log" 2>&1 &
+slurm_pid=$!
+trap 'kill "$build_pid" "$slurm_pid" 2>/dev/null || true' EXIT  # a linter failed: stop them
 
 echo "== ruff"
 $BIN/ruff check .
@@ -58,6 +63,14 @@ if ! wait "$build_pid"; then
     exit 1
 fi
 rm -f "$build_log"
+echo "== Slurm (installed in the background since the linters started)"
+if ! wait "$slurm_pid"; then
+    tail -n 40 "$slurm_log" >&2
+    echo "test.sh: scripts/slurm-setup.sh install failed (log above); the slurm tests need" \
+        "it, so this run would fail. Fix the install, then run the tests again." >&2
+    exit 1
+fi
+rm -f "$slurm_log"
 trap - EXIT
 echo "== pytest"
 exec $BIN/pytest -ra -q --durations=15 -n "${UPS_TEST_WORKERS:-4}" --dist loadgroup \

@@ -29,7 +29,8 @@ SUMMARY = {
     "fetch": "Copy everything the run wrote (checkpoints, outcome, logs, config, W&B) to "
     "DEST/<run>.",
     "instances": "List every ups-labelled Vast instance: state, run, $/h and cost so far.",
-    "down": "Destroy the Vast instances ups created for this host entry (or one run).",
+    "down": "Destroy the Vast instances ups created for this host entry (or one run); on a "
+    "slurm entry, cancel the run's job.",
 }
 """One line per command: `fab --list`, `ups --help` and each command's --help show it."""
 
@@ -56,7 +57,8 @@ HELP = {
     "timeout": "seconds to wait for the checkpoint",
     "dest": "local directory (default: runs)",
     "vast-host": "a kind: vast entry (its API settings)",
-    "down-run": "only this run's instance (default: every one of this host)",
+    "down-run": "only this run's instance (default: every one of this host); slurm: this "
+    "run's job (default: the last deployed)",
     "ledger": "also show the host ledger: machines that failed here and are skipped",
     "verbose": "also show libraries' log records (paramiko, urllib3, vastai) on stderr; "
     "they always go to the JSON log (UPS_VERBOSE=1 does the same)",

@@ -41,8 +41,8 @@ from ups.deploy.errors import UsageError
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
-KindName = Literal["container", "docker", "vast"]
-HOST_KINDS: tuple[KindName, ...] = ("container", "docker", "vast")
+KindName = Literal["container", "docker", "vast", "slurm"]
+HOST_KINDS: tuple[KindName, ...] = ("container", "docker", "vast", "slurm")
 
 _SAFE = re.compile(r"[A-Za-z0-9_./~][A-Za-z0-9_./@:+=-]*")
 
@@ -225,10 +225,64 @@ class VastHost(SshHost):
         return ContainerHost(**shared, host=host, port=port)
 
 
+_SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|UNLIMITED|INFINITE")
+
+
+class SlurmHost(AddressedHost):
+    """``kind: slurm``: the login node of a Slurm cluster; `fab deploy` submits one batch
+    job whose ``srun`` starts one ``ups launch`` per node (docs/slurm.md). ``workdir`` must
+    be on a filesystem every node shares: the batch script, config and run directories
+    live there."""
+
+    kind: Literal["slurm"] = "slurm"
+    nodes: int = Field(1, ge=1)
+    """Nodes the job asks for (``--nodes``); one ``ups launch`` node agent on each."""
+    ranks_per_node: int | None = Field(None, ge=1)
+    """Training processes per node; default ``gpus_per_node``, else the config's
+    ``distributed.nproc_per_node``, else ``ups launch``'s own default."""
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node (``--gpus-per-node``); 0 asks for none."""
+    cpus_per_task: int | None = Field(None, ge=1)
+    """CPUs for each node's agent and its ranks (``--cpus-per-task``)."""
+    partition: SafeWord | None = None
+    time: str | None = None
+    """Time limit (``--time``), e.g. ``30``, ``2:00:00``, ``1-12:00:00``."""
+    account: SafeWord | None = None
+    qos: SafeWord | None = None
+    sbatch_options: list[str] = Field(default_factory=list)
+    """More ``#SBATCH`` lines, e.g. ``--constraint=a100`` or ``--exclude=node7``."""
+    signal_before_end_s: int = Field(120, ge=10)
+    """Slurm sends the job SIGUSR1 this long before its time limit
+    (``--signal=B:USR1@N``); ups stops the ranks at a step with a checkpoint and, with
+    ``requeue``, puts the job back in the queue to continue."""
+    requeue: bool = True
+    """``--requeue``: a preempted or timed-out job comes back and resumes exactly."""
+    max_pending_s: float = Field(1800.0, gt=0)
+    """`fab deploy` cancels a job still pending after this long (with Slurm's reason) and
+    exits 5: a request the cluster cannot meet is never waited on silently."""
+    poll_s: float = Field(1.0, gt=0)
+    """How often `fab deploy` asks Slurm about a pending job."""
+
+    @model_validator(mode="after")
+    def _slurm_fields(self) -> SlurmHost:
+        problems = []
+        if self.gpus:
+            problems.append("set gpus_per_node (GPUs of each node), not gpus")
+        if self.time is not None and not _SLURM_TIME.fullmatch(self.time):
+            problems.append(f"time {self.time!r} is not a Slurm time (MM, HH:MM:SS, D-HH:MM:SS)")
+        for option in self.sbatch_options:
+            if not option.startswith("--") or "\n" in option:
+                problems.append(f"sbatch_options: {option!r} is not one long option (--name=value)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
 _MODELS: dict[str, type[SshHost]] = {
     "container": ContainerHost,
     "docker": DockerHost,
     "vast": VastHost,
+    "slurm": SlurmHost,
 }
 
 
@@ -251,7 +305,7 @@ def _kind_tag(entry: Any) -> str:
     return kind if kind in HOST_KINDS else "unknown"
 
 
-HostSpec = ContainerHost | DockerHost | VastHost
+HostSpec = ContainerHost | DockerHost | VastHost | SlurmHost
 """One hosts.yaml entry: one model per kind."""
 
 if TYPE_CHECKING:
@@ -261,6 +315,7 @@ else:
         Annotated[ContainerHost, Tag("container")]
         | Annotated[DockerHost, Tag("docker")]
         | Annotated[VastHost, Tag("vast")]
+        | Annotated[SlurmHost, Tag("slurm")]
         | Annotated[_UnknownKind, Tag("unknown")],
         Discriminator(_kind_tag),
     ]

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from ups.deploy import kinds
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, HostGone, UsageError
-from ups.deploy.hosts import HostSpec, get_hosts
+from ups.deploy.hosts import HostSpec, get_host, get_hosts
 from ups.deploy.kinds import refuse_unsupported
 from ups.deploy.onhost import group, operate
 from ups.deploy.onhost.fetch import fetch as fetch_one
@@ -182,7 +182,14 @@ def status(
     out: TextIO = sys.stdout,
 ) -> int:
     check_run_flag(run)
-    return _on_each(host, hosts_file, out, lambda a: operate.status(a.target, run), run)
+
+    def one(node: _Attached) -> int:
+        def command(found: RemoteRun) -> str:
+            return node.host_kind.status_command(node.spec, found)
+
+        return operate.status(node.target, run, command)
+
+    return _on_each(host, hosts_file, out, one, run)
 
 
 def stop(
@@ -230,6 +237,7 @@ def instances(
 def down(
     host: str, run: str | None = None, *, hosts_file: str | None = None, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.kinds import vast as kind
-
-    return kind.down(host, run, hosts_file, out)
+    """End what ups holds for the entry: its rented instances, its queued job."""
+    check_run_flag(run)
+    spec, _known = get_host(host, hosts_file)
+    return kinds.of(spec).down(spec, run, hosts_file, out)

@@ -31,6 +31,7 @@ _MODULES = {
     "docker": "ups.deploy.kinds.docker",
     "vast": "ups.deploy.kinds.vast",
     GROUP: "ups.deploy.kinds.group",
+    "slurm": "ups.deploy.kinds.slurm",
 }
 NAMES = tuple(_MODULES)
 
@@ -88,6 +89,24 @@ class HostKind(Protocol):
     def stop_command(self, spec: HostSpec, run: RemoteRun, timeout_s: float) -> str:
         """The remote command that sends the run SIGTERM (`fab stop`)."""
         ...
+
+    def status_command(self, spec: HostSpec, run: RemoteRun) -> str:
+        """The remote command `fab status` runs: ``key=value`` lines
+        (:func:`ups.deploy.transport.remote.status_command`)."""
+        ...
+
+    def down(self, spec: HostSpec, run: str | None, hosts_file: str | None, out: TextIO) -> int:
+        """`fab down`: end what ups holds for this entry (a rented instance, a queued job)."""
+        ...
+
+
+def no_down(spec: HostSpec) -> UsageError:
+    """`fab down` on a kind that holds nothing to end."""
+    return UsageError(
+        f"host {spec.name!r} is kind {spec.kind}: `fab down` ends what ups holds for an "
+        "entry (the Vast instances it rented, the Slurm job it queued), and a "
+        f"{spec.kind} host is yours. Stop a run on it with `fab stop --host {spec.name}`."
+    )
 
 
 def get(name: str) -> HostKind:

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from ups.deploy import kinds
 from ups.deploy.hosts import AddressedHost, ContainerHost, HostSpec
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan, load_run_config
@@ -116,6 +117,12 @@ class Container:
 
     def stop_command(self, spec: HostSpec, run: rc.RemoteRun, timeout_s: float) -> str:
         return rc.stop_command(run)
+
+    def status_command(self, spec: HostSpec, run: rc.RemoteRun) -> str:
+        return rc.status_command(run)
+
+    def down(self, spec: HostSpec, run: str | None, hosts_file: str | None, out: TextIO) -> int:
+        raise kinds.no_down(spec)
 
 
 KIND = Container()

@@ -86,5 +86,11 @@ class Group:
     def stop_command(self, spec: HostSpec, run: rc.RemoteRun, timeout_s: float) -> str:
         return CONTAINER.stop_command(spec, run, timeout_s)
 
+    def status_command(self, spec: HostSpec, run: rc.RemoteRun) -> str:
+        return CONTAINER.status_command(spec, run)
+
+    def down(self, spec: HostSpec, run: str | None, hosts_file: str | None, out: TextIO) -> int:
+        return CONTAINER.down(spec, run, hosts_file, out)
+
 
 KIND = Group()

@@ -71,6 +71,14 @@ class Vast:
     def stop_command(self, spec: HostSpec, run: rc.RemoteRun, timeout_s: float) -> str:
         return rc.stop_command(run)
 
+    def status_command(self, spec: HostSpec, run: rc.RemoteRun) -> str:
+        return rc.status_command(run)
+
+    def down(self, spec: HostSpec, run: str | None, hosts_file: str | None, out: TextIO) -> int:
+        from ups.deploy.managed import ops
+
+        return ops.down(own(spec), out, run)
+
 
 KIND = Vast()
 

@@ -200,16 +200,25 @@ def logs(target: Target, run_id: str | None, mirror: Path | None = None) -> int:
     return follow(target, found, mirror)
 
 
-def status(target: Target, run_id: str | None) -> int:
-    """Say whether the run is alive, how it ended, and its last event, rendered for people."""
+def status(
+    target: Target,
+    run_id: str | None,
+    status_command: Callable[[rc.RemoteRun], str] = rc.status_command,
+) -> int:
+    """Say whether the run is alive, how it ended, and its last event, rendered for people
+    (``status_command``: its kind's way to ask, printing ``key=value`` lines)."""
     conn = target.connect()
     try:
-        state = state_of(target, conn, resolve_run(target, conn, run_id))
+        found = resolve_run(target, conn, run_id)
+        state = state_of(target, conn, found, status_command(found))
     finally:
         conn.close()
     alive = "running" if state.alive else "not running"
     name = target.spec.name
-    target.say(f"run {state.run.run_id} on {name}: {alive} (pid {state.pid or '?'})")
+    pid = f" (pid {state.pid})" if state.pid else ""
+    target.say(f"run {state.run.run_id} on {name}: {alive}{pid}")
+    for note in state.notes:
+        target.say(f"  {note}")
     if state.outcome is not None:
         o = state.outcome
         target.say(f"  outcome: {o.outcome} (exit {o.exit_code}) at step {o.step}: {o.reason}")

@@ -31,6 +31,8 @@ class RunState:
     pid: str = ""
     last_line: str = ""
     """The last line of launch.log (a JSON event, usually)."""
+    notes: tuple[str, ...] = ()
+    """What the host kind adds in words (a scheduler's job state)."""
 
     @property
     def finished(self) -> bool:
@@ -91,13 +93,14 @@ def read_result(conn: Connection, found: rc.RemoteRun, spec: SshHost) -> tuple[i
     return (int(code) if code.lstrip("-").isdigit() else 1), None
 
 
-def state_of(target: Target, conn: Connection, found: rc.RemoteRun) -> RunState:
+def state_of(
+    target: Target, conn: Connection, found: rc.RemoteRun, command: str | None = None
+) -> RunState:
+    """The run's state from ``command`` (default :func:`ups.deploy.transport.remote.status_command`:
+    its launcher's pid), which prints ``key=value`` lines."""
     spec = target.spec
-    fields = dict(
-        line.split("=", 1)
-        for line in run(conn, rc.status_command(found), spec).stdout.splitlines()
-        if "=" in line
-    )
+    lines = run(conn, command or rc.status_command(found), spec).stdout.splitlines()
+    fields = dict(line.split("=", 1) for line in lines if "=" in line)
     code = fields.get("exit", "").strip()
     return RunState(
         run=found,
@@ -106,6 +109,7 @@ def state_of(target: Target, conn: Connection, found: rc.RemoteRun) -> RunState:
         exit_code=int(code) if code.lstrip("-").isdigit() else None,
         pid=fields.get("pid", ""),
         last_line=fields.get("last", ""),
+        notes=tuple(line.removeprefix("note=") for line in lines if line.startswith("note=")),
     )
 
 

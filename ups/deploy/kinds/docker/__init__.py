@@ -14,12 +14,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from ups.deploy import kinds
 from ups.deploy.hosts import AddressedHost, DockerHost, HostSpec
 from ups.deploy.kinds.docker import commands
 from ups.deploy.kinds.docker.compose import DockerDeploy, build_docker_plan
 from ups.deploy.onhost.plan import DeployPlan, load_run_config
 from ups.deploy.request import DeployRequest
-from ups.deploy.transport.remote import RemoteRun
+from ups.deploy.transport.remote import RemoteRun, status_command
 from ups.deploy.transport.session import Target
 
 
@@ -79,6 +80,12 @@ class Docker:
 
     def stop_command(self, spec: HostSpec, run: RemoteRun, timeout_s: float) -> str:
         return commands.docker_stop_command(run, own(spec).docker_host, timeout_s)
+
+    def status_command(self, spec: HostSpec, run: RemoteRun) -> str:
+        return status_command(run)
+
+    def down(self, spec: HostSpec, run: str | None, hosts_file: str | None, out: TextIO) -> int:
+        raise kinds.no_down(spec)
 
 
 KIND = Docker()

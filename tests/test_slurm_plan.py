@@ -1,0 +1,135 @@
+"""`kind: slurm` without a cluster: the hosts.yaml entry, the batch script `--dry-run`
+prints, and the options refused before anything is contacted."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy_fixtures import demo_config
+from ups.deploy import tasks
+from ups.deploy.errors import UsageError
+from ups.deploy.hosts import load_hosts
+from ups.deploy.onhost.slurm import _failed_nodes
+from ups.deploy.request import DeployRequest
+
+
+def _hosts(tmp_path: Path, **fields: Any) -> Path:
+    entry = {
+        "kind": "slurm",
+        "host": "login.cluster.example",
+        "workdir": "/shared/ups",
+        "nodes": 2,
+        "gpus_per_node": 4,
+        "cpus_per_task": 32,
+        "partition": "gpu",
+        "time": "1:00:00",
+        "account": "proj42",
+        "qos": "normal",
+        "sbatch_options": ["--constraint=a100", "--exclude=node7"],
+        "signal_before_end_s": 300,
+        **fields,
+    }
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"cluster": entry}}))
+    return path
+
+
+def _dry_run(tmp_path: Path, **fields: Any) -> str:
+    out = io.StringIO()
+    request = DeployRequest(
+        host="cluster",
+        hosts_file=str(_hosts(tmp_path, **fields)),
+        config=demo_config(tmp_path / "demo.yaml", max_steps=4),
+        run="r1",
+        dry_run=True,
+    )
+    assert tasks.deploy(request, out) == 0
+    return out.getvalue()
+
+
+def _script(text: str, which: str) -> str:
+    block = text.split(f"  {which} script (", 1)[1]
+    lines = block.splitlines()[1:]
+    return "".join(line[6:] + "\n" for line in lines if line.startswith("    | "))
+
+
+def test_dry_run_prints_the_batch_script_from_the_entry(tmp_path: Path) -> None:
+    """Every Slurm option of the entry becomes an #SBATCH line; each node runs preflight,
+    then one `ups launch` with the job's node count, its node id and node 0's endpoint;
+    both scripts are valid shell."""
+    text = _dry_run(tmp_path)
+    batch, node = _script(text, "batch"), _script(text, "node")
+    for option in (
+        "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=32", "--gpus-per-node=4",
+        "--partition=gpu", "--time=1:00:00", "--account=proj42", "--qos=normal",
+        "--signal=B:USR1@300", "--requeue", "--open-mode=append", "--constraint=a100",
+        "--exclude=node7",
+    ):  # fmt: skip
+        assert f"#SBATCH {option}\n" in batch, option
+    assert "node.sh preflight" in batch and "end 4" in batch
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in batch
+    assert "--nproc-per-node 4" in node and '--nnodes "$SLURM_NNODES"' in node
+    assert '--node-rank "$SLURM_NODEID" --rdzv-endpoint "$UPS_RDZV_ENDPOINT"' in node
+    assert "--gpus 4" in node  # preflight checks the GPUs each node must show
+    assert "sbatch --parsable run.sh" in text
+    assert "launch:" not in text  # each node's command is in node.sh, not a container's
+    for script in (batch, node):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_no_requeue_and_cpu_ranks(tmp_path: Path) -> None:
+    """`requeue: false` asks Slurm for none and never requeues itself; ranks_per_node
+    sets the ranks of a CPU node."""
+    text = _dry_run(tmp_path, requeue=False, gpus_per_node=0, ranks_per_node=2)
+    batch, node = _script(text, "batch"), _script(text, "node")
+    assert "#SBATCH --no-requeue\n" in batch and "scontrol requeue" not in batch
+    assert "--gpus-per-node" not in batch and "--nproc-per-node 2" in node
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"gpus": 2}, "set gpus_per_node (GPUs of each node), not gpus"),
+        ({"time": "an hour"}, "is not a Slurm time"),
+        ({"sbatch_options": ["-N 3"]}, "is not one long option"),
+        ({"offer": "x"}, "not a field of a slurm host (it belongs to vast hosts)"),
+        ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
+    ],
+)
+def test_entry_mistakes_are_named(tmp_path: Path, fields: dict[str, Any], problem: str) -> None:
+    """A wrong slurm entry is refused with its key path before anything is contacted."""
+    with pytest.raises(UsageError) as err:
+        load_hosts(_hosts(tmp_path, **fields))
+    assert problem in str(err.value)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("sync_wheel", Path("x.whl")), ("save", Path("l"))])
+def test_options_it_cannot_honour_are_refused(tmp_path: Path, flag: str, value: Path) -> None:
+    """--sync-wheel and --save are refused (exit 2) with what to do instead."""
+    request = DeployRequest(host="cluster", hosts_file=str(_hosts(tmp_path)), **{flag: value})
+    with pytest.raises(UsageError, match="is not supported by a slurm host"):
+        tasks.deploy(request, io.StringIO())
+
+
+def test_down_on_a_host_of_your_own_is_refused(tmp_path: Path) -> None:
+    """`fab down` ends what ups holds (instances, queued jobs); on a container host it
+    says so and how to stop a run instead (exit 2)."""
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"box": {"host": "box.example"}}}))
+    err = io.StringIO()
+    code = tasks.guarded(lambda: tasks.down("box", hosts_file=str(path)), err)
+    assert code == 2
+    assert "`fab stop --host box`" in err.getvalue()
+
+
+def test_failed_node_reports_are_split_by_node() -> None:
+    """The per-node preflight reports come back as one stream: each failed node keeps its
+    own lines, passed nodes are left out."""
+    reports = "PASSED n1\nall good\nFAILED n2\nrun directory: x is not writable\nmore\n"
+    assert _failed_nodes(reports) == {"n2": "run directory: x is not writable\nmore"}
