@@ -140,6 +140,9 @@ class Slurm:
             "has it.",
             "save": "`fab fetch --host NAME` copies the run directory (every node's logs) "
             "after the run.",
+            "workload": "a Slurm job runs the ups trainer with a config so far; run a script "
+            "on a container host (`kind: container`), or with `ups launch --run-file FILE` "
+            "from a batch script of your own on the cluster.",
         }
     )
 

@@ -101,6 +101,13 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
         write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("run.sh"), script_for(plan, target.spec.remote_env))
     write_text(conn, r.state("output_dir"), r.output_dir)
+    write_private_files(conn, plan, env)
+
+
+def write_private_files(conn: Connection, plan: DeployPlan, env: dict[str, str]) -> None:
+    """The run's secrets (``secrets.env``) and bucket credentials, each a 0600 file in its
+    state directory, never on a command line: the one place any kind writes them."""
+    r = plan.remote
     if plan.secrets:
         body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
         write_private(conn, r.state("secrets.env"), body)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
-from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
@@ -24,7 +23,7 @@ from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import settle
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport import slurm as sl
-from ups.deploy.transport.session import Target, run, write_private, write_text
+from ups.deploy.transport.session import Target, run, write_text
 
 EXIT_NOT_SCHEDULED = 6
 """The job stayed pending for ``max_pending_s`` and was cancelled (as a provider's "no
@@ -142,11 +141,7 @@ def _upload(
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_text(conn, r.state(sl.NODE_SCRIPT), sl.node_script(job))
     write_text(conn, r.state(sl.BATCH_SCRIPT), sl.batch_script(job))
-    if plan.secrets:
-        body = "".join(f"{name}={rc.q(env[name])}\n" for name in plan.secrets)
-        write_private(conn, r.state("secrets.env"), body)
-    if plan.bucket:
-        write_private(conn, r.state(CREDENTIALS_FILE), operate.bucket_credentials(plan.bucket))
+    operate.write_private_files(conn, plan, env)
 
 
 def wait_to_start(target: Target, conn: Connection, spec: SlurmHost, job_id: str) -> JobState:
