@@ -72,3 +72,74 @@ def test_sigterm_at_a_phase_ends_every_process_and_names_it(
     result = outcome((tmp_path / "runs" / "latest").resolve())
     assert result["phase"] in phases, result
     assert result["outcome"] in ("preempted", "failed")
+
+
+def test_a_second_stop_signal_inside_a_log_write_is_no_crash(tmp_path: Path) -> None:
+    """launch.log is written through one buffered file. A stop signal that lands while the
+    main thread is inside a write to it (here: a line blocked on a full pipe, as a slow
+    disk or a second signal during the first one's line would hold it) must not write from
+    its handler into that same file, which raises `reentrant call inside BufferedWriter`
+    and killed a node's launcher on Slurm. Both signals' lines come out after the line
+    that was being written, whole."""
+    import os
+    import subprocess
+    import threading
+
+    from ups.launch.tee import LineTee
+    from ups.launch.torchrun import _forward_signals
+    from ups.log import setup_logging
+
+    fifo = tmp_path / "launch.log"
+    os.mkfifo(fifo)
+    read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the tee can open
+    out = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    tee = LineTee(fifo, out, render=False)
+    setup_logging(run_id="fifo", console=False, stdout=tee)  # type: ignore[arg-type]
+    child = subprocess.Popen(["sleep", "60"])
+    received: list[bytes] = []
+
+    def signals_then_drain() -> None:
+        time.sleep(0.5)  # the main thread is now blocked inside the big line's write
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                chunk = b""
+            received.append(chunk)
+            if b"stop_signal_repeated" in b"".join(received):
+                return
+            time.sleep(0.05)
+
+    drainer = threading.Thread(target=signals_then_drain)
+    big = "x" * (1 << 20)  # far more than a pipe holds: the write blocks until drained
+    # Should the block end early (the failure this test is for), a late signal is ignored
+    # rather than ending pytest.
+    outer = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        with _forward_signals(child, {}, tmp_path / "stop_request"):
+            drainer.start()
+            tee.write_line(big)
+            drainer.join(timeout=30)
+    finally:
+        if drainer.is_alive():
+            drainer.join(timeout=30)  # its signals land before the outer handler goes back
+        child.kill()
+        child.wait()
+        tee.close()
+        out.close()
+        os.close(read_end)
+        setup_logging(console=False)
+        signal.signal(signal.SIGTERM, outer)
+    text = b"".join(received).decode()
+    lines = text.splitlines()
+    assert lines[0] == big
+    events = [line for line in lines[1:] if line.startswith("{")]
+    assert ['"stop_signal_received"' in events[0], '"stop_signal_repeated"' in events[1]] == [
+        True,
+        True,
+    ], events

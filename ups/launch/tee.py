@@ -36,8 +36,9 @@ class LineTee:
         self._view = ConsoleView(console, live=True) if render else None
         self._partial = ""
         self._file_error: str | None = None
-        # Reentrant: a stop signal's handler logs through this tee, possibly while the
-        # main thread is inside write_line; a plain Lock would deadlock there.
+        # Reentrant: a stop signal's handler may run (and raise) while the main thread is
+        # inside write_line. Handlers never write here themselves (a write into the
+        # buffered file from inside it raises; ups.launch.torchrun queues their lines).
         self._lock = threading.RLock()
 
     def isatty(self) -> bool:

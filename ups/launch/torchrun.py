@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -182,29 +183,49 @@ def _forward_signals(
     written to ``request`` (``ups.grace.STOP_REQUEST_FILE``) before SIGTERM goes out.
     """
 
+    # The handler runs in the main thread between any two bytecodes, possibly while that
+    # thread is inside a write to launch.log (a second signal while the first one's line is
+    # written): a write from the handler there is a reentrant call into the same buffered
+    # file, which raises. So the handler only acts; its lines go out from a thread of
+    # their own, through a queue whose put() is safe in a signal handler.
+    lines: queue.SimpleQueue[tuple[str, dict[str, str]] | None] = queue.SimpleQueue()
+
+    def say() -> None:
+        while (item := lines.get()) is not None:
+            event, fields = item
+            log.warning(event, **fields)
+
     def handler(signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if "signal" in state:
-            log.warning(
-                "stop_signal_repeated",
-                text="already stopping; workers are finishing",
-                signal=name,
+            lines.put(
+                (
+                    "stop_signal_repeated",
+                    {"text": "already stopping; workers are finishing", "signal": name},
+                )
             )
             return
         state["signal"] = name
-        log.warning(
-            "stop_signal_received",
-            text=f"{received(name)}: the workers stop at the next step and save a checkpoint",
-            signal=name,
-            forwarded="SIGTERM to torchrun",
-        )
         with suppress(OSError):  # a full disk: the workers then say SIGTERM, nothing worse
             atomic_write_text(request, name + "\n")
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+        text = f"{received(name)}: the workers stop at the next step and save a checkpoint"
+        lines.put(
+            (
+                "stop_signal_received",
+                {"text": text, "signal": name, "forwarded": "SIGTERM to torchrun"},
+            )
+        )
 
-    with handling_stop_signals(handler):
-        yield
+    speaker = threading.Thread(target=say, name="stop-lines", daemon=True)
+    speaker.start()
+    try:
+        with handling_stop_signals(handler):
+            yield
+    finally:
+        lines.put(None)
+        speaker.join(timeout=10)
 
 
 def _passer(tee: LineTee, state: dict[str, str]) -> Callable[[str], None]:
