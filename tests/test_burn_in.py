@@ -91,7 +91,7 @@ def test_rows_read_back_from_the_table_and_decide_the_side(
     assert list(below_floor(table)) == ["step"]
     assert preflight_side(table) is Side.HOST
     assert preflight_reason(table) == (
-        "burn-in below the floor: training steps 123.4 samples/s, 0.12 of the configured "
+        "preflight failed there (step): training steps 123.4 samples/s, 0.12 of the configured "
         "known-good 1000 (below the floor 0.7)"
     )
     raised = re.sub(r"^matmul(\s+)PASS", r"matmul\1FAIL", table, flags=re.MULTILINE)

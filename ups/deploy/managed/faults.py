@@ -52,11 +52,10 @@ def preflight_side(report: str) -> Side:
 
 
 def preflight_reason(report: str) -> str:
-    """The host fault in a few words: the figures below their floor, else the checks."""
+    """The host fault in a few words: the failed checks, and each figure below its floor."""
+    why = f"preflight failed there ({', '.join(failed_checks(report))})"
     slow = below_floor(report)
-    if slow:
-        return "burn-in below the floor: " + "; ".join(slow.values())
-    return f"preflight failed there ({', '.join(failed_checks(report))})"
+    return f"{why}: {'; '.join(slow.values())}" if slow else why
 
 
 class HostFault(InstanceFailed):
