@@ -37,6 +37,8 @@ import yaml
 from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
 from tests.fake_vast_api import OFFER_FIELDS, default_offers, handler, matches
 
+SLOW_AFTER_S = 1.5
+"""A slow machine's processes run at full speed this long (their imports, short commands)."""
 PULL_ERROR = (
     "Error response from daemon: pull access denied for {image}, repository does not exist "
     "or may require 'docker login': denied: requested access to the resource is denied"
@@ -124,9 +126,9 @@ class HostFaults:
     """machine_ids whose instances get a 64 MiB /dev/shm (Docker's default): they run and
     answer SSH, and ups's real shm preflight check fails there."""
     slow: dict[int, float] = field(default_factory=dict)
-    """machine_id -> the share of time its instances' Python processes may run: the rest of
-    every 50 ms they are stopped (SIGSTOP/SIGCONT), a machine slower than its model should
-    be. ups's real burn-in measures it."""
+    """machine_id -> the share of time its instances' Python processes may run once they
+    have run ``SLOW_AFTER_S``: the rest of every 50 ms they are stopped (SIGSTOP/SIGCONT),
+    a machine that slows down under sustained load. ups's real burn-in measures it."""
     missing_images: set[str] = field(default_factory=set)
     """Images no registry has: every host shows ``manifest unknown`` for them."""
     create_retry_after_create: int = 0
@@ -401,7 +403,7 @@ class FakeVast:
                 if proc.poll() is not None:
                     return
                 if k % 4 == 0:  # new processes are found 5 times a second
-                    pids = [p for p in _pids_in(ns) if _is_python(p)]
+                    pids = [p for p in _pids_in(ns) if _is_python(p) and _age_s(p) > SLOW_AFTER_S]
                 for sig, pause in ((signal.SIGSTOP, 1.0 - share), (signal.SIGCONT, share)):
                     for pid in pids:
                         with contextlib.suppress(ProcessLookupError):
@@ -443,6 +445,15 @@ def _pids_in(ns: str) -> list[int]:
                 if os.readlink(entry / "ns" / "pid") == ns:
                     out.append(int(entry.name))
     return out
+
+
+def _age_s(pid: int) -> float:
+    try:
+        started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime - started / os.sysconf("SC_CLK_TCK")
 
 
 def _is_python(pid: int) -> bool:

@@ -61,7 +61,8 @@ def _step_here(config: Path, demo_data: Path) -> float:
         task["path"] = str(demo_data / Path(task["path"]).name)
     here = config.with_name("here.yaml")
     here.write_text(yaml.safe_dump(cfg))
-    report = run_preflight(PreflightOptions(config=here, only=["step"], burn_in="warn"))
+    # Every burn-in row, in order, as on an instance: the step alone measures lower here.
+    report = run_preflight(PreflightOptions(config=here, only=["burnin"], burn_in="warn"))
     value = report.get("step").value
     assert isinstance(value, float), report.render_table()
     return value
@@ -84,11 +85,10 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
                              setup=f"mkdir -p data && ln -sfn {demo_data} data/demo")  # fmt: skip
     config = demo_config(tmp_path / "demo.yaml", max_steps=4)
     # Known-good: this machine, unthrottled. A fake instance is this machine: a normal one
-    # measured 0.47-1.1 of it on a loaded 2-core host, the throttled one about 0.15; the
-    # floor sits between.
+    # measures about 1.0 of it, the throttled one about 0.3; the floor sits between.
     known = _step_here(config, demo_data)
     config = demo_config(tmp_path / "demo.yaml", max_steps=4, extra={
-        "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.35}})  # fmt: skip
+        "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.5}})  # fmt: skip
     started = time.monotonic()
     result = _deploy(tmp_path, fake_vast, hosts, config, "--run", "bad-hosts")
     wall = time.monotonic() - started
@@ -97,7 +97,7 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     slow = re.search(
         r"machine 1020 \(offer 102\) failed: preflight failed there \(shm, step\): training "
         r"steps ([\d.]+) samples/s, ([\d.]+) of the configured known-good [\d.]+ \(below the "
-        r"floor 0.35\)", out,
+        r"floor 0.5\)", out,
     )  # fmt: skip
     assert slow, out[-6000:]
     assert "machine 1010 (offer 101) failed: the machine's NVIDIA driver" in out
@@ -118,7 +118,7 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     assert sorted(measured) == [1020, 1050], measured
     assert not measured[1020]["passed"] and measured[1050]["passed"]
     fast, slow_step = measured[1050]["figures"]["step"], measured[1020]["figures"]["step"]
-    assert slow_step < 0.35 * known <= fast, (slow_step, known, fast)
+    assert slow_step < 0.5 * known <= fast, (slow_step, known, fast)
     # This CPU is a model with no known-good matmul: measured and recorded, no floor.
     assert measured[1050]["figures"]["matmul"] > 0 and "matmul" not in measured[1050]["known_good"]
     assert "matmul" in out and "no known-good figure for this CPU: recorded, no floor" in out
