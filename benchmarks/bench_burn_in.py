@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import random
 import statistics
 import time
@@ -134,8 +135,13 @@ def main() -> None:
     args = p.parse_args()
     setup_logging(stdout=io.StringIO(), console=False)
     rng = random.Random(0)
+    load_before = os.getloadavg()[0]
     result: dict[str, Any] = {"burn_in": burn_in(args.config, args.runs)}
+    result["burn_in"]["load_average_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    result["burn_in"]["cpus"] = os.cpu_count()
     result["market"] = pick(MARKET, rng)
+    # The FAKE Vast test's query (gpu_name=RTX_4090 num_gpus=2): its 4090 offers only.
+    result["market_4090"] = pick([m for m in MARKET if m[1] == "RTX 4090"], rng)
     ratios, wins = [], 0
     for _ in range(500):
         r = pick(random_market(rng), rng)
@@ -148,8 +154,9 @@ def main() -> None:
         "measured_no_worse_share": round(wins / 500, 3),
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "market"}, indent=2))
-    print(json.dumps({k: v for k, v in result["market"].items()}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.startswith("market")}, indent=2))
+    for key in ("market", "market_4090"):
+        print(key, json.dumps({k: v for k, v in result[key].items() if k != "ranking"}))
 
 
 if __name__ == "__main__":
