@@ -8,7 +8,7 @@ no known-good value gets no floor; its figures are still shown and recorded.
 
 Every measurement runs for a fixed time budget, so the rows' cost is bounded: on a CPU
 host all of them together take about ``CPU_BUDGET_S`` of compute (plus the disk's time to
-write and read ``DISK_MB`` twice).
+write ``DISK_MB`` and read them back).
 """
 
 from __future__ import annotations
