@@ -373,6 +373,35 @@ def _summary(outcome: dict[str, Any]) -> dict[str, Any]:
     return {k: outcome.get(k) for k in keep}
 
 
+def step_burn_in(s: Suite) -> dict[str, Any]:
+    """The burn-in rows (docs/burn-in.md) on this device, in bf16 on CUDA: each figure with
+    its known-good value and ratio, for the known-good table's row of this device."""
+    sets = {"training.precision": "bf16"} if s.cuda else {}
+    config = _config(s, "burn-in", "nccl" if s.cuda else "gloo", sets, [])
+    start = time.monotonic()
+    rc, report = _preflight(
+        s, "--config", str(config), "--only", "burnin", "--burn-in", "warn", timeout=150
+    )
+    wall = time.monotonic() - start
+    figures = {
+        c["name"]: {
+            "value": c["value"],
+            "unit": c["unit"],
+            "known_good": c["details"].get("known_good"),
+            "ratio": c["details"].get("ratio"),
+            "status": c["status"],
+            "message": c["message"],
+        }
+        for c in report["checks"]
+        if c["name"] != "config"
+    }
+    if rc != 0:
+        failed = [f"{n}: {f['message']}" for n, f in figures.items() if f["status"] == "fail"]
+        raise StepFailed(f"burn-in exit {rc}: " + "; ".join(failed))
+    rows_s = round(sum(c["duration_s"] for c in report["checks"] if c["name"] != "config"), 3)
+    return {"figures": figures, "rows_s": rows_s, "wall_s": round(wall, 3)}
+
+
 def step_train_cpu(s: Suite) -> dict[str, Any]:
     """The CPU reference: the same config, seed and steps on gloo."""
     outcome, _ = _train(s, "train-cpu", "gloo", {})
@@ -480,6 +509,7 @@ STEPS: tuple[Step, ...] = (
     Step("cache-cpu-file", 120, False, step_cache_cpu_file, "a .cpu() tensor file passes"),
     Step("cache-cuda-file", 120, True, step_cache_cuda_file, "a cuda:0 tensor file fails"),
     Step("data", 180, False, step_data, "demo data (tiny grids with --cpu)"),
+    Step("burn-in", 180, False, step_burn_in, "burn-in figures vs known-good (bf16 on CUDA)"),
     Step("train-cpu", 240, False, step_train_cpu, "the CPU reference run (gloo)"),
     Step("train-cuda-fp32", 240, True, _cuda_run("fp32", band=True), "nccl, fp32, band vs CPU"),
     Step("train-cuda-bf16", 240, True, _cuda_run("bf16", band=True), "nccl, bf16, band vs CPU"),

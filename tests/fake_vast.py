@@ -37,6 +37,8 @@ import yaml
 from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
 from tests.fake_vast_api import OFFER_FIELDS, default_offers, handler, matches
 
+SLOW_AFTER_S = 1.5
+"""A slow machine's processes run at full speed this long (their imports, short commands)."""
 PULL_ERROR = (
     "Error response from daemon: pull access denied for {image}, repository does not exist "
     "or may require 'docker login': denied: requested access to the resource is denied"
@@ -123,6 +125,10 @@ class HostFaults:
     small_shm: set[int] = field(default_factory=set)
     """machine_ids whose instances get a 64 MiB /dev/shm (Docker's default): they run and
     answer SSH, and ups's real shm preflight check fails there."""
+    slow: dict[int, float] = field(default_factory=dict)
+    """machine_id -> the share of time its instances' Python processes may run once they
+    have run ``SLOW_AFTER_S``: the rest of every 50 ms they are stopped (SIGSTOP/SIGCONT),
+    a machine that slows down under sustained load. ups's real burn-in measures it."""
     missing_images: set[str] = field(default_factory=set)
     """Images no registry has: every host shows ``manifest unknown`` for them."""
     create_retry_after_create: int = 0
@@ -380,6 +386,29 @@ class FakeVast:
             env=env, stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
         _wait_port(inst.port, inst.proc)
+        share = self.host_faults.slow.get(int(inst.offer["machine_id"]))
+        if share is not None:
+            threading.Thread(target=self._throttle, args=(inst, share), daemon=True).start()
+
+    def _throttle(self, inst: FakeInstance, share: float, period_s: float = 0.05) -> None:
+        """Stop the instance's Python processes for ``1 - share`` of every period until
+        the instance ends (SIGKILL ends stopped processes too)."""
+        proc = inst.proc
+        assert proc is not None
+        # Every process of the instance, SSH sessions included (sshd gives those a fresh
+        # environment), is in the PID namespace `unshare` made for its children.
+        with contextlib.suppress(OSError):
+            ns = os.readlink(f"/proc/{proc.pid}/ns/pid_for_children")
+            for k in itertools.count():
+                if proc.poll() is not None:
+                    return
+                if k % 4 == 0:  # new processes are found 5 times a second
+                    pids = [p for p in _pids_in(ns) if _is_python(p) and _age_s(p) > SLOW_AFTER_S]
+                for sig, pause in ((signal.SIGSTOP, 1.0 - share), (signal.SIGCONT, share)):
+                    for pid in pids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(pid, sig)
+                    time.sleep(period_s * pause)
 
     def _kill(self, inst: FakeInstance) -> None:
         """End the instance's PID namespace: every process in it dies with its PID 1."""
@@ -406,6 +435,32 @@ class FakeVast:
 
     def cleanup_disks(self) -> None:
         shutil.rmtree(self.root / "instances", ignore_errors=True)
+
+
+def _pids_in(ns: str) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "pid") == ns:
+                    out.append(int(entry.name))
+    return out
+
+
+def _age_s(pid: int) -> float:
+    try:
+        started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime - started / os.sysconf("SC_CLK_TCK")
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _environ(proc_dir: Path) -> dict[str, str]:
@@ -463,6 +518,10 @@ def vast_entry(fake: FakeVast, **overrides: Any) -> dict[str, Any]:
         "boot_timeout_s": 120,
         "watchdog_grace_s": 5,
     }
+    if os.environ.get("PYTHONPATH"):
+        # A worktree sharing another checkout's .venv: its instances run this checkout's
+        # code too, as the launcher's own subprocesses do (an SSH session has no inherited env).
+        entry["remote_env"] = f"export PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])}"
     entry.update(overrides)
     return entry
 

@@ -33,6 +33,7 @@ EVERYWHERE = {
     "versions",
     "cache-cpu-file",
     "data",
+    "burn-in",
     "train-cpu",
     "throughput",
 }
@@ -81,6 +82,9 @@ def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path)
     assert doc["facts"]["torch"] == str(torch.__version__)
     assert doc["facts"]["device"] is None and doc["facts"]["cuda"] is None
     assert "eval/advection/rel_l2" in steps["train-cpu"]["details"]["metrics"]
+    burn_in = steps["burn-in"]["details"]["figures"]
+    assert burn_in["matmul"]["unit"] == "GFLOP/s" and burn_in["step"]["value"] > 0
+    assert burn_in["h2d"]["status"] == "skip"
     cases = steps["throughput"]["details"]["cases"]
     assert cases[0]["tries"][0]["plain samples/s"] > 0
     assert cases[0]["tries"][0]["ups fail samples/s"] > 0

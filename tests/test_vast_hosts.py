@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy_fixtures import FAB, REPO, VENV_BIN, demo_config, demo_data
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
+from ups.preflight import PreflightOptions, run_preflight
 
 __all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
 
@@ -52,25 +54,52 @@ def _creates(fake: FakeVast) -> list[str]:
     return [path for method, path in fake.requests if method == "PUT" and "/asks/" in path]
 
 
+def _step_here(config: Path, demo_data: Path) -> float:
+    """This machine's burn-in step figure for ``config`` (its data read from ``demo_data``)."""
+    cfg = yaml.safe_load(config.read_text())
+    for task in cfg["tasks"]:
+        task["path"] = str(demo_data / Path(task["path"]).name)
+    here = config.with_name("here.yaml")
+    here.write_text(yaml.safe_dump(cfg))
+    # Every burn-in row, in order, as on an instance: the step alone measures lower here.
+    report = run_preflight(PreflightOptions(config=here, only=["burnin"], burn_in="warn"))
+    value = report.get("step").value
+    assert isinstance(value, float), report.render_table()
+    return value
+
+
 def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
-    """The cheapest machine fails preflight (/dev/shm 64 MiB), the next one's container
-    shows the NVML driver error: both are destroyed and recorded, the third offer trains
-    the run to the end. The next deploy's search leaves both machines out; `ups hosts` and
-    `fab instances --ledger` name them."""
+    """The cheapest machine fails preflight (/dev/shm 64 MiB) and is slow (its processes run
+    15% of the time: the real burn-in's step figure is below its floor), the next
+    one's container shows the NVML driver error: both are destroyed and recorded, the third
+    offer trains the run to the end. The next deploy's search leaves both machines out;
+    `ups hosts` and `fab instances --ledger` name them, with the figures of both machines
+    measured. Ranked by measured $ per sample, the cheapest-per-hour machine comes last."""
     fake_vast.offers.append({**fake_vast.offers[0], **THIRD})
     fake_vast.host_faults.small_shm.add(1020)  # offer 102, the cheapest
+    fake_vast.host_faults.slow[1020] = 0.15
     fake_vast.host_faults.status_msg[1010] = NVML  # offer 101
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml",
                              setup=f"mkdir -p data && ln -sfn {demo_data} data/demo")  # fmt: skip
     config = demo_config(tmp_path / "demo.yaml", max_steps=4)
+    # Known-good: this machine, unthrottled. A fake instance is this machine: a normal one
+    # measures about 1.0 of it, the throttled one about 0.3; the floor sits between.
+    known = _step_here(config, demo_data)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=4, extra={
+        "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.5}})  # fmt: skip
     started = time.monotonic()
     result = _deploy(tmp_path, fake_vast, hosts, config, "--run", "bad-hosts")
     wall = time.monotonic() - started
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
-    assert "machine 1020 (offer 102) failed: preflight failed there (shm)" in out
+    slow = re.search(
+        r"machine 1020 \(offer 102\) failed: preflight failed there \(shm, step\): training "
+        r"steps ([\d.]+) samples/s, ([\d.]+) of the configured known-good [\d.]+ \(below the "
+        r"floor 0.5\)", out,
+    )  # fmt: skip
+    assert slow, out[-6000:]
     assert "machine 1010 (offer 101) failed: the machine's NVIDIA driver" in out
     assert NVML in out
     assert "trying the next offer (3/3): offer 105" in out
@@ -85,13 +114,22 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
         (1010, 101, 10100),
     ]
     assert "shm" in entries[0]["failure"] and "nvml error" in entries[1]["failure"]
+    measured = {m["machine_id"]: m for m in _ledger(tmp_path)["measured"]}
+    assert sorted(measured) == [1020, 1050], measured
+    assert not measured[1020]["passed"] and measured[1050]["passed"]
+    fast, slow_step = measured[1050]["figures"]["step"], measured[1020]["figures"]["step"]
+    assert slow_step < 0.5 * known <= fast, (slow_step, known, fast)
+    # This CPU is a model with no known-good matmul: measured and recorded, no floor.
+    assert measured[1050]["figures"]["matmul"] > 0 and "matmul" not in measured[1050]["known_good"]
+    assert "matmul" in out and "no known-good figure for this CPU: recorded, no floor" in out
     # The measure: offers tried per bad host, seconds per bad host (create to destroyed).
     timings = re.search(r"vast timings since start: (.*)", out)
     assert timings, out[-2000:]
     per_host = [float(s) for s in re.findall(r"bad host \d+ ([\d.]+) s", timings.group(1))]
     assert len(per_host) == 2
     print(f"\nMEASURE bad hosts: 2, offers tried 3, seconds per bad host {per_host}, "
-          f"deploy wall {wall:.1f} s")  # fmt: skip
+          f"deploy wall {wall:.1f} s; step samples/s here {known:.0f}, on the throttled "
+          f"machine {slow_step:.0f}, on the normal one {fast:.0f}")  # fmt: skip
 
     again = _deploy(tmp_path, fake_vast, hosts, config, "--dry-run")
     assert again.returncode == 0, again.stderr[-2000:]
@@ -103,9 +141,23 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     rows = [line.split() for line in shown.stdout.splitlines()]
     machines = {r[0] for r in rows if len(r) > 2 and r[0].isdigit() and r[2].isdigit()}
     assert machines == {"1010", "1020"}, shown.stdout
+    assert {r[0] for r in rows if len(r) > 2 and r[0].isdigit() and r[1] == "2x"} == {
+        "1020", "1050"}, shown.stdout  # fmt: skip
     listed = _fab(tmp_path, fake_vast, "instances", "--hosts-file", str(hosts), "--ledger")
     assert listed.returncode == 0, listed.stderr
     assert "1020" in listed.stdout and "no ups instances" in listed.stdout
+
+    # Every machine back in play (ledger_ttl_h 0), ranked by measured $ per sample: the
+    # unseen 101 estimated from 1050's figure, 1050 by its own, and the cheapest per hour,
+    # 1020, last: it delivers a quarter of the samples.
+    measured_hosts = write_vast_hosts(fake_vast, tmp_path / "measured.yaml", order="measured",
+                                      ledger_ttl_h=0)  # fmt: skip
+    ranked = _deploy(tmp_path, fake_vast, measured_hosts, config, "--dry-run")
+    assert ranked.returncode == 0, ranked.stderr[-2000:]
+    order = re.findall(r"^    \d\. offer (\d+):", ranked.stdout, re.MULTILINE)
+    assert order == ["101", "105", "102"], ranked.stdout
+    assert "ordered by measured (expected $ per sample" in ranked.stdout
+    assert re.search(r"why: +offer 101: .*unseen: best RTX 4090 here", ranked.stdout)
 
 
 def test_missing_image_stops_after_one_offer_and_a_taken_offer_moves_on(

@@ -277,9 +277,24 @@ class WandbConfig(_Strict):
     synced from this machine when it comes home (docs/security.md)."""
 
 
+BurnInMode = Literal["off", "warn", "enforce"]
+"""``off``: no burn-in rows; ``warn``: rows below the floor warn; ``enforce``: they fail."""
+Figure = Literal["matmul", "h2d", "busbw", "disk_write", "disk_read", "loader", "step"]
+"""The burn-in's figures (docs/burn-in.md): each is one preflight row."""
+
+
 class PreflightConfig(_Strict):
     min_busbw_gbps: float | None = Field(None, gt=0.0)
     """All-reduce bus-bandwidth floor for ``ups-preflight``; default: its per-GPU-model table."""
+    burn_in: BurnInMode = "off"
+    """Measure this host before training (docs/burn-in.md): matmul, host-device copies,
+    disk, the data loader and a few warm steps of this run's model. A rented Vast host
+    runs it as ``enforce`` unless its hosts.yaml entry says otherwise."""
+    burn_in_floor: float = Field(0.7, gt=0.0, le=1.0)
+    """A figure below this fraction of its known-good value is below the floor."""
+    known_good: dict[Figure, Annotated[float, Field(gt=0.0)]] = Field(default_factory=dict)
+    """Known-good values that replace the GPU table's (or give one where it has none),
+    in each row's unit: ``step: 1200`` (samples/s of this run's model and batch)."""
 
 
 FaultKind = Literal[

@@ -157,8 +157,11 @@ class VastHost(SshHost):
     # -- the rental: what to rent, for how long, what to do with it (one block) --
     offer: str | None = None
     """Offer query in `vastai search offers` syntax (``gpu_name=RTX_4090 num_gpus=2``)."""
-    order: str = "dph_total"
-    """Sort order of the search; the first offer under the price cap is taken."""
+    order: str = "measured"
+    """Sort order of the search; the first offer under the price cap is taken.
+    ``measured``: by expected $ per training sample from the host ledger's burn-in figures
+    (docs/burn-in.md), the search's ``dph_total`` order while there are none; any other
+    value is Vast's own sort field (``dph_total``, ``dlperf_per_dphtotal``, ...)."""
     max_price_per_hour: float | None = Field(None, gt=0)
     """Price cap in $/h (``dph_total`` on demand, the bid when interruptible)."""
     disk_gb: float = Field(32.0, gt=0)
@@ -188,6 +191,9 @@ class VastHost(SshHost):
     a driver or pull error, SSH silent, preflight failing there), then exit 7."""
     ledger_ttl_h: float = Field(72.0, ge=0)
     """Machines that failed here within this many hours are left out of the search."""
+    burn_in: Literal["off", "warn", "enforce"] = "enforce"
+    """The run's ``preflight.burn_in`` on the instance (an explicit ``--set`` wins):
+    ``enforce`` makes a machine below its known-good figures a host fault (docs/burn-in.md)."""
     checkpoint_sync: str = "local"
     """Where checkpoints go as they are written: ``local`` (copied to this machine's run
     directory over SSH while deploy follows), or ``s3://bucket/prefix``: the instance

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=S",
         help="per-check timeout override in seconds (repeatable)",
     )
+    p.add_argument(
+        "--burn-in",
+        choices=["off", "warn", "enforce"],
+        help="measure this host (docs/burn-in.md); default: preflight.burn_in of the config",
+    )
     p.add_argument("--strict", action="store_true", help="warnings fail too")
     p.add_argument("--json", action="store_true", help="print the JSON report (stable schema)")
     p.add_argument(
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_procs=args.cpu_procs,
         timeouts=dict(args.timeout),
         cache_paths=args.cache_paths,
+        burn_in=args.burn_in,
     )
     report = run_preflight(opts)
     if args.json:

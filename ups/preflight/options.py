@@ -6,8 +6,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ups.config import Config
+from ups.config.schema import BurnInMode
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -48,6 +50,8 @@ class PreflightOptions:
     """The caller (``ups launch``) picks a free port itself: a taken port is a warning."""
     env: Mapping[str, str] | None = None
     """Environment to inspect (distributed env, W&B); default ``os.environ``."""
+    burn_in: BurnInMode | None = None
+    """The burn-in rows (``--burn-in``); default: ``preflight.burn_in`` from the config."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +62,14 @@ class Context:
     cfg: Config | None
     config_path: Path | None
     config_error: str | None = None
+    memo: dict[str, Any] = field(default_factory=dict)
+    """Measurements several rows share (the burn-in's disk and step figures)."""
+
+    @property
+    def burn_in(self) -> BurnInMode:
+        if self.opts.burn_in is not None:
+            return self.opts.burn_in
+        return self.cfg.preflight.burn_in if self.cfg else "off"
 
     @property
     def env(self) -> Mapping[str, str]:

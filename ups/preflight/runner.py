@@ -152,6 +152,8 @@ def run_preflight(options: PreflightOptions | None = None) -> Report:
     specs = select_checks(opts.only, opts.skip)
     start = time.perf_counter()
     ctx, config_result = _load_context(opts)
+    if ctx.burn_in == "off":
+        specs = [spec for spec in specs if not spec.burn_in]
     results: list[CheckResult] = []
     if config_result is not None:
         results.append(config_result)

@@ -28,8 +28,9 @@ from ups.deploy.hosts import VastHost
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
 from ups.deploy.managed.errors import InstanceFailed, RecoveriesExhausted
-from ups.deploy.managed.faults import HostFault, failed_checks, preflight_side
+from ups.deploy.managed.faults import HostFault, preflight_reason, preflight_side
 from ups.deploy.managed.lifecycle import Lifecycle
+from ups.deploy.managed.measured import record_figures
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import RunStatus, Supervision
 from ups.deploy.managed.renewal import renewal_for
@@ -265,11 +266,13 @@ class Keeper:
                         self.plan_on(target),
                         env=self.env,
                         replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
+                        on_preflight=lambda report: record_figures(self.lc.plan, report, self.say),
                     )
                     operate.launch(target, conn, plan)
                 else:
                     plan = self.plan_on(target)
             except PreflightFailed as err:
+                record_figures(self.lc.plan, err.report, self.say)
                 raise host_or_user(err) from None
             finally:
                 conn.close()
@@ -484,8 +487,7 @@ def host_or_user(err: PreflightFailed) -> DeployError:
     """A preflight failure of the machine's own checks is a host fault (next offer); one
     of the config, data or image is the user's (it stops the deploy)."""
     if preflight_side(err.report) is Side.HOST:
-        checks = ", ".join(failed_checks(err.report))
-        return HostFault(str(err), f"preflight failed there ({checks})")
+        return HostFault(str(err), preflight_reason(err.report))
     return err
 
 

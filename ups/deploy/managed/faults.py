@@ -16,8 +16,17 @@ import re
 
 from ups.deploy.managed.errors import InstanceFailed
 from ups.deploy.providers import Side
+from ups.preflight.figures import below_floor
 
-__all__ = ["HOST_CHECKS", "HostFault", "Side", "UserFault", "failed_checks", "preflight_side"]
+__all__ = [
+    "HOST_CHECKS",
+    "HostFault",
+    "Side",
+    "UserFault",
+    "failed_checks",
+    "preflight_reason",
+    "preflight_side",
+]
 
 HOST_CHECKS = frozenset({"gpu", "allreduce", "shm", "memory", "disk", "ulimits", "ports"})
 """Preflight checks that measure the machine; a failure of any other check (config, data,
@@ -31,11 +40,22 @@ def failed_checks(report: str) -> list[str]:
 
 
 def preflight_side(report: str) -> Side:
-    """HOST when every failed check measures the machine (and one failed), else USER."""
+    """HOST when every failed check measures the machine (and one failed), else USER.
+
+    A burn-in row is the machine's when it failed by being below its floor; one that
+    failed otherwise (the run's model would not build) is the user's."""
     failed = failed_checks(report)
-    if failed and all(name in HOST_CHECKS for name in failed):
+    slow = below_floor(report)
+    if failed and all(name in HOST_CHECKS or name in slow for name in failed):
         return Side.HOST
     return Side.USER
+
+
+def preflight_reason(report: str) -> str:
+    """The host fault in a few words: the failed checks, and each figure below its floor."""
+    why = f"preflight failed there ({', '.join(failed_checks(report))})"
+    slow = below_floor(report)
+    return f"{why}: {'; '.join(slow.values())}" if slow else why
 
 
 class HostFault(InstanceFailed):

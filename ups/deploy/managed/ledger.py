@@ -1,4 +1,5 @@
-"""The host ledger: Vast machines that failed a deploy here, so later deploys skip them.
+"""The host ledger: Vast machines that failed a deploy here, so later deploys skip them, and
+every machine's burn-in figures, so later deploys rank offers by what they deliver.
 
 Offer order is deterministic: without a memory of bad machines, the next deploy searches
 the same query in the same order and rents the same broken machine again. Each host
@@ -7,6 +8,9 @@ instance, what failed and when. A deploy or recovery excludes every machine with
 younger than ``ledger_ttl_h`` from its offer search. The file is strict JSON at
 ``<state dir>/hosts-ledger.json`` (:func:`ups.statedir.state_dir`), replaced atomically
 under a lock so two deploys never lose each other's entries; ``ups hosts`` shows it.
+
+Each machine a burn-in measured (docs/burn-in.md) adds a :class:`Measurement`, whether it
+passed or not: its GPU, figures, price and the workload its ``step`` figure is of.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import fcntl
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ups import jsonio
 from ups.deploy.errors import DeployError
@@ -47,6 +52,36 @@ class Failure:
         return f"machine {self.machine_id} (offer {self.offer_id}): {self.failure}"
 
 
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    machine_id: int
+    gpu_name: str
+    num_gpus: int
+    figures: dict[str, float]
+    """``{figure: value}`` as the burn-in rows showed them (ups.preflight.figures)."""
+    dph: float
+    """What the machine cost per hour when measured."""
+    workload: str
+    """The run config's workload digest: ``step`` figures compare only within one."""
+    at: float
+    run_id: str
+    host: str
+    passed: bool
+    """False when a figure was below its floor (the machine is then also a failure)."""
+    offer_id: int | None = None
+    known_good: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """The machine's training samples/s: one process's step figure times its GPUs."""
+        step = self.figures.get("step")
+        return None if step is None else step * max(1, self.num_gpus)
+
+    def usd_per_msample(self) -> float | None:
+        rate = self.samples_per_s
+        return None if not rate else self.dph / (rate * 3600.0) * 1e6
+
+
 def ledger_path() -> Path:
     return state_dir() / LEDGER_NAME
 
@@ -56,12 +91,22 @@ class Ledger:
         self.path = path or ledger_path()
 
     def read(self) -> list[Failure]:
-        """Every entry, oldest first; a missing file is an empty ledger."""
+        """Every failure, oldest first; a missing file is an empty ledger."""
+        return [Failure(**entry) for entry in self._raw().get("failures", [])]
+
+    def measurements(self) -> list[Measurement]:
+        """Every machine measured, oldest first."""
+        return [Measurement(**entry) for entry in self._raw().get("measured", [])]
+
+    def _raw(self) -> dict[str, Any]:
         try:
             raw = json.loads(self.path.read_text())
-            return [Failure(**entry) for entry in raw.get("failures", [])]
+            # Built here so a malformed entry is reported like a malformed file.
+            [Failure(**e) for e in raw.get("failures", [])]
+            [Measurement(**e) for e in raw.get("measured", [])]
+            return dict(raw)
         except FileNotFoundError:
-            return []
+            return {}
         except (OSError, ValueError, TypeError, AttributeError) as err:
             raise DeployError(
                 f"the host ledger {self.path} cannot be read ({err}). Move it aside (ups "
@@ -69,10 +114,20 @@ class Ledger:
             ) from None
 
     def record(self, failure: Failure) -> None:
+        self._add("failures", asdict(failure))
+
+    def measured(self, measurement: Measurement) -> None:
+        self._add("measured", asdict(measurement))
+
+    def _add(self, key: str, entry: dict[str, Any]) -> None:
         with self._locked():
             horizon = time.time() - KEEP_DAYS * 86400.0
-            kept = [f for f in self.read() if f.at >= horizon]
-            body = {"failures": [asdict(f) for f in [*kept, failure]]}
+            raw = self._raw()
+            body = {
+                k: [e for e in raw.get(k, []) if e["at"] >= horizon]
+                for k in ("failures", "measured")
+            }
+            body[key].append(entry)
             atomic_write_text(self.path, jsonio.dumps(body, indent=2) + "\n")
 
     def recent(self, ttl_h: float, now: float | None = None) -> list[Failure]:
@@ -113,5 +168,36 @@ def render(failures: list[Failure], ttl_h: float, now: float | None = None) -> s
     lines.append(
         f"{len(failures)} failure(s); machines marked 'skip' failed within ledger_ttl_h "
         f"({ttl_h:g} h) and are left out of offer searches"
+    )
+    return "\n".join(lines)
+
+
+def render_measured(measured: list[Measurement]) -> str:
+    """Every machine measured, latest first: what it delivered and what a sample cost."""
+    if not measured:
+        return "no machine measured yet (a rented host's burn-in adds one: docs/burn-in.md)"
+    header = (
+        f"{'machine':>9}  {'GPU':<16} {'matmul vs known-good':<24} {'busbw':>9} "
+        f"{'step/s':>9} {'$/h':>7} {'$/M samples':>11}  {'ok':<4} when (UTC)"
+    )
+    lines = [header]
+    for m in sorted(measured, key=lambda m: m.at, reverse=True):
+        f, k = m.figures, m.known_good
+        mm = "-" if "matmul" not in f else f"{f['matmul']:.3g}"
+        if "matmul" in k:
+            mm += f" vs {k['matmul']:.3g} ({f['matmul'] / k['matmul']:.2f})"
+        busbw = "-" if "busbw" not in f else f"{f['busbw']:.3g}"
+        step = "-" if "step" not in f else f"{f['step']:.3g}"
+        per_m = m.usd_per_msample()
+        cost = "-" if per_m is None else f"{per_m:.4f}"
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(m.at))
+        gpu = f"{m.num_gpus}x {m.gpu_name}"
+        lines.append(
+            f"{m.machine_id:>9}  {gpu:<16} {mm:<24} {busbw:>9} {step:>9} {m.dph:>7.3f} "
+            f"{cost:>11}  {'yes' if m.passed else 'no':<4} {when}"
+        )
+    lines.append(
+        f"{len(measured)} measurement(s); step/s is one process's training samples/s of the "
+        "run's model (x GPUs for the machine); $/M samples = $/h over the machine's samples/h"
     )
     return "\n".join(lines)

@@ -17,10 +17,12 @@ from typing import Any
 from ups.config import Config
 from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.managed.ledger import Ledger
+from ups.deploy.managed.ranking import API_ORDER, MEASURED, rank
 from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
 from ups.deploy.providers import NoOffer, Provider, label_for
 from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
 from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
+from ups.preflight.figures import workload
 from ups.runid import new_run_id
 
 PENDING_ADDRESS = "(instance ssh address)"
@@ -55,6 +57,8 @@ class VastPlan:
     """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
     wandb_sync: bool = False
     """W&B would log online, but logs offline on the instance: synced from here at the end."""
+    ranking: tuple[str, ...] = ()
+    """``order: measured``: the best offers by expected $ per sample, the chosen first."""
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
@@ -106,13 +110,14 @@ class VastPlan:
         watchdog keeps the original deadline, so ``max_hours`` counts across every instance
         of the run.
         """
-        offer, avoided = search(provider, self.spec, machines, exclude)
+        offer, avoided, ranking = search(provider, self.spec, machines, exclude, self.cfg)
         return dataclasses.replace(
             self,
             offer=offer,
             price=offer.price(self.spec.interruptible),
             bid=bid_price(offer, self.spec.interruptible),
             avoided=avoided,
+            ranking=ranking,
         )
 
     def watchdog_key_line(self) -> str:
@@ -147,6 +152,13 @@ class VastPlan:
             fields["bid_price"] = self.bid
         return fields
 
+    def order_said(self) -> str:
+        if self.spec.order != MEASURED:
+            return self.spec.order
+        if self.ranking:
+            return "measured (expected $ per sample, from the host ledger)"
+        return f"measured: no figures for this run's workload yet, so {API_ORDER}"
+
     def render(self) -> str:
         s = self.spec
         kind = f"interruptible, bid ${self.bid:.3f}/h" if self.bid is not None else "on demand"
@@ -155,7 +167,13 @@ class VastPlan:
             f"vast plan: run {self.run_id} on a new Vast instance ({s.name})",
             f"  offer:    {self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
             f"cap ${s.max_price_per_hour:.3f}/h",
-            f"  query:    {s.offer!r} ordered by {s.order}",
+            f"  query:    {s.offer!r} ordered by {self.order_said()}",
+            *(
+                [f"  why:      {self.ranking[0]}", "  ranking:  (best 5, expected $ per sample)"]
+                + [f"    {i}. {line}" for i, line in enumerate(self.ranking[:5], 1)]
+                if self.ranking
+                else []
+            ),
             *(
                 [
                     f"  avoiding: machine(s) {', '.join(map(str, self.avoided))} (failed here "
@@ -196,6 +214,8 @@ def build_vast_plan(
         o.startswith("checkpoint_sync.url=") for o in overrides
     ):  # hosts.yaml names the bucket; an explicit --set still wins
         overrides = (*overrides, f"checkpoint_sync.url={spec.checkpoint_sync}")
+    if not any(o.startswith("preflight.burn_in=") for o in overrides):
+        overrides = (*overrides, f"preflight.burn_in={spec.burn_in}")
     cfg = load_run_config(config, overrides)
     wandb_sync = wandb_offline_here(cfg)
     if wandb_sync:  # no key on the host: synced from here
@@ -203,7 +223,7 @@ def build_vast_plan(
         cfg = load_run_config(config, overrides)
     env = dict(env if env is not None else {})
     run_id = run_id or cfg.run.run_id or new_run_id(cfg.run.name)
-    offer, avoided = search(provider, spec)
+    offer, avoided, ranking = search(provider, spec, cfg=cfg)
     deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
     deploy = build_plan(
         container_spec(spec),
@@ -233,6 +253,7 @@ def build_vast_plan(
         env=env,
         avoided=avoided,
         wandb_sync=wandb_sync,
+        ranking=ranking,
     )
 
 
@@ -260,15 +281,20 @@ def search(
     spec: VastHost,
     machines: Collection[int] = (),
     offers: Collection[int] = (),
-) -> tuple[Offer, tuple[int, ...]]:
+    cfg: Config | None = None,
+) -> tuple[Offer, tuple[int, ...], tuple[str, ...]]:
     """The first offer under the cap, leaving out ``offers``, ``machines`` and the machines
     the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
-    matched the query and were left out."""
+    matched the query and were left out, and (``order: measured`` with figures for
+    ``cfg``'s workload) the ranking's lines, the chosen offer's first."""
     assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    measured = spec.order == MEASURED
     matched = provider.search_offers(
-        spec.offer, spec.order, offer_type(spec.interruptible), spec.disk_gb
-    )
-    ledger = Ledger().excluded(spec.ledger_ttl_h)
+        spec.offer, API_ORDER if measured else spec.order, offer_type(spec.interruptible),
+        spec.disk_gb,
+    )  # fmt: skip
+    book = Ledger()
+    ledger = book.excluded(spec.ledger_ttl_h)
     avoided = tuple(
         sorted({int(r["machine_id"]) for r in matched if r.get("machine_id") in ledger})
     )
@@ -282,8 +308,18 @@ def search(
             "Nothing more was created. Loosen the 'offer' query in hosts.yaml, or lower "
             "ledger_ttl_h to try machines that failed here again (`ups hosts` lists why)."
         )
+    ranked = None
+    if measured and cfg is not None:
+        pairs = [(r, Offer.from_api(r)) for r in rows]
+        ranked = rank(pairs, book.measurements(), workload(cfg), spec.interruptible)
+    if ranked is not None:
+        rows = [r.row for r in ranked]
     offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
-    return offer, avoided
+    if ranked is None:
+        return offer, avoided, ()
+    chosen = next(r for r in ranked if int(r.row["id"]) == offer.id)
+    lines = tuple(r.line() for r in [chosen, *(r for r in ranked if r is not chosen)])
+    return offer, avoided, lines
 
 
 def _why_excluded(

@@ -134,10 +134,13 @@ def prepare(
     replan: Callable[[str], DeployPlan],
     sync: Path | None = None,
     workload: ScriptWorkload | None = None,
+    on_preflight: Callable[[str], object] | None = None,
 ) -> tuple[DeployPlan, int]:
     """Everything before starting: pick the run, check code, upload, preflight.
 
     Returns the plan to start and the launch.log offset a continued run resumes at.
+    ``on_preflight`` gets the report of a preflight that passed (a failed one's is in the
+    :class:`PreflightFailed` raised).
     """
     plan, offset = settle(target, conn, plan, replan)
     if sync is not None:
@@ -152,11 +155,13 @@ def prepare(
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:
-            remote_preflight(target, conn, plan.step("preflight").command or "")
+            report = remote_preflight(target, conn, plan.step("preflight").command or "")
         except PreflightFailed:
             if offset == 0:
                 discard(target, conn, plan)
             raise
+        if on_preflight is not None:
+            on_preflight(report)
     return plan, offset
 
 

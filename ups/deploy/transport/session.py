@@ -104,12 +104,12 @@ def _is_check_event(line: str) -> bool:
     return line.startswith("{") and '"check"' in line
 
 
-def remote_preflight(target: Target, conn: Connection, command: str) -> None:
-    """Run preflight on the host (``command``, as planned) and show its report; raise with
-    the report on failure."""
+def remote_preflight(target: Target, conn: Connection, command: str) -> str:
+    """Run preflight on the host (``command``, as planned), show its report and return it;
+    raise with the report on failure."""
     spec = target.spec
     result = run(conn, command, spec)
-    report = result.stdout + result.stderr
+    report: str = result.stdout + result.stderr
     show_report(target, report)
     if result.exited != 0:
         raise PreflightFailed(
@@ -117,3 +117,4 @@ def remote_preflight(target: Target, conn: Connection, command: str) -> None:
             "Fix the failing checks above (each names its fix) and deploy again.",
             report,
         )
+    return report

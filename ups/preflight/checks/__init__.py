@@ -26,11 +26,19 @@ class CheckSpec:
     """Whether the check imports torch. The runner imports it once before the first such
     check's deadline starts: on a fresh host's cold disk the import alone can take longer
     than a check's whole budget."""
+    func: str = "run"
+    """The function of ``module`` that is the check (one module can hold several rows)."""
+    burn_in: bool = False
+    """A burn-in row: runs only when the burn-in is on (``preflight.burn_in``)."""
 
     def run(self, ctx: Context) -> CheckResult:
         check = importlib.import_module(f"{__name__}.{self.module}")
-        result: CheckResult = check.run(ctx)
+        result: CheckResult = getattr(check, self.func)(ctx)
         return result
+
+
+def _burn_in(name: str, timeout_s: float, summary: str) -> CheckSpec:
+    return CheckSpec(name, "burnin", timeout_s, summary, func=name, burn_in=True)
 
 
 CHECKS: tuple[CheckSpec, ...] = (
@@ -56,11 +64,19 @@ CHECKS: tuple[CheckSpec, ...] = (
     CheckSpec("data", "data", 60.0, "every HDF5 file opens with the expected keys and shapes"),
     CheckSpec("cache", "cache", 60.0, "cached .pt files hold CPU tensors only"),
     CheckSpec("allreduce", "allreduce", 90.0, "all-reduce correctness and bus bandwidth"),
+    # The burn-in (preflight.burn_in / --burn-in): each a timed loop of a fixed budget.
+    _burn_in("matmul", 30.0, "burn-in: matmul TFLOP/s in the run's precision vs known-good"),
+    _burn_in("h2d", 30.0, "burn-in: host-to-device copy GB/s (CUDA)"),
+    _burn_in("disk_write", 60.0, "burn-in: disk write MB/s in the run directory"),
+    _burn_in("disk_read", 60.0, "burn-in: disk read MB/s in the run directory"),
+    _burn_in("loader", 60.0, "burn-in: data loader samples/s on the run's data"),
+    _burn_in("step", 60.0, "burn-in: samples/s of warm steps of the run's model and batch"),
 )
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "system": ("shm", "ulimits", "disk", "memory"),
     "env": ("distenv", "wandb"),
+    "burnin": ("matmul", "h2d", "disk_write", "disk_read", "loader", "step"),
 }
 """Names that select several checks in ``--only``/``--skip``."""
 
