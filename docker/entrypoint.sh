@@ -78,4 +78,54 @@ for dir in $WRITABLE; do
     rm -f "$probe"
 done
 
+# UPS_RUN_FILE (compose: the user's own script, docs/script.md): the same service runs
+# `ups launch --run-file` instead of the trainer, and its preflight checks the host without
+# a config. The compose command was written for the trainer: its CONFIG and --set words are
+# replaced here by launch's own flags (nproc_per_node -> --nproc-per-node, master_port and
+# UPS_MASTER_PORT -> --master-port; backend is the script's choice); any other --set is
+# refused.
+if [ -n "${UPS_RUN_FILE:-}" ] && [ "${1:-}" = ups ] && { [ "${2:-}" = launch ] || [ "${2:-}" = preflight ]; }; then
+    sub=$2
+    shift 2
+    run_file=/app/work/$UPS_RUN_FILE
+    if [ ! -f "$run_file" ]; then
+        echo "ups: the run file $UPS_RUN_FILE (UPS_RUN_FILE) is not in the mounted workdir ${UPS_HOST_WORKDIR:-.} (UPS_WORKDIR, at /app/work): set UPS_RUN_FILE to its path relative to UPS_WORKDIR, then run the same command again. Nothing was started." >&2
+        exit "$EXIT_SETUP"
+    fi
+    set -- "$@" --ups-end-of-args
+    first=1
+    while [ "$1" != --ups-end-of-args ]; do
+        word=$1
+        shift
+        case $word in
+            --config | -c) shift ;;
+            --set)
+                kv=$1
+                shift
+                case $kv in
+                    distributed.nproc_per_node=) ;;
+                    distributed.nproc_per_node=*) set -- "$@" --nproc-per-node "${kv#*=}" ;;
+                    distributed.master_port=*) set -- "$@" --master-port "${kv#*=}" ;;
+                    distributed.backend=*) ;;
+                    *)
+                        echo "ups: --set $kv overrides a ups config, and UPS_RUN_FILE runs your own script: put the setting in your run file's args (or unset UPS_RUN_FILE to run the trainer). Nothing was started." >&2
+                        exit "$EXIT_SETUP"
+                        ;;
+                esac
+                ;;
+            -*) set -- "$@" "$word" ;;
+            *) [ "$sub" = launch ] && [ "$first" = 1 ] || set -- "$@" "$word" ;; # CONFIG
+        esac
+        first=0
+    done
+    shift
+    # The rendezvous port, which a config would give (preflight checks it is free).
+    [ -n "${UPS_MASTER_PORT:-}" ] && set -- "$@" --master-port "$UPS_MASTER_PORT"
+    if [ "$sub" = launch ]; then
+        set -- ups launch --run-file "$run_file" "$@"
+    else
+        set -- ups preflight "$@"
+    fi
+fi
+
 exec "$@"

@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class Project:
     dirs: dict[str, Path]
     run_id: str
     master_port: int
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -89,7 +90,7 @@ class Project:
             UPS_CONFIG=".ups/e2e.yaml",
             UPS_RUN_ID=self.run_id,
         )
-        return env
+        return env | self.extra_env
 
     def write_config(self, **training: Any) -> None:
         cfg = {
@@ -250,31 +251,55 @@ def test_a_base_that_differs_from_pins_toml_stops_the_build(image: str, tmp_path
     assert "requirements.lock" not in text  # stopped before the dependency layer
 
 
-def test_compose_up_runs_preflight_then_two_ranks_to_finished(project: Project) -> None:
-    """`compose up train-ddp`: preflight passes first, 2 ranks train, the host keeps the results."""
-    up = project.compose("up", "train-ddp")
-    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-2000:]
-
-    pre, ddp = project.container("preflight"), project.container("train-ddp")
-    assert pre["State"]["ExitCode"] == 0 and ddp["State"]["ExitCode"] == 0
-    assert pre["State"]["FinishedAt"] <= ddp["State"]["StartedAt"]
+def test_a_script_run_file_docker_stop_then_up_resumes_from_its_checkpoint(
+    project: Project,
+) -> None:
+    """UPS_RUN_FILE: `compose up train-ddp` runs examples/ddp/train.py (preflight first, then
+    `ups launch --run-file`); `docker compose stop` mid-run ends "preempted" (75) with the
+    script's checkpoint in runs/<run id>/checkpoints; the next `up` resumes from it."""
+    work = project.dirs["state"].parent / "work"
+    shutil.copytree(ROOT / "examples" / "ddp", work)
+    run_file = {
+        "script": "train.py",
+        "args": ["--steps", "10", "--save-every", "4", "--pause-at", "6", "--out", "final.pt"],
+        "stop_grace_s": 30,
+    }
+    (work / "ups-run.yaml").write_text(yaml.safe_dump(run_file))
+    work.chmod(0o777)  # the container runs as the owner of runs/, uid 1000 here
+    project.extra_env = {
+        "UPS_WORKDIR": str(work),
+        "UPS_RUN_FILE": "ups-run.yaml",
+        "UPS_MASTER_PORT": str(project.master_port),
+    }
+    log = project.run_dir / "logs" / "launch.log"
+    up = project.compose("up", "-d", "train-ddp")
+    assert up.returncode == 0, up.stderr[-2000:] + project.logs("preflight")[-3000:]
+    _wait_for(
+        lambda: log.exists() and "step 5 loss" in log.read_text(errors="replace"),
+        timeout=240,
+        what="step 5 of the script (then held at 6)",
+    )
     assert "preflight OK" in project.logs("preflight")
+    pre, ddp = project.container("preflight"), project.container("train-ddp")
+    assert pre["State"]["ExitCode"] == 0 and pre["State"]["FinishedAt"] <= ddp["State"]["StartedAt"]
+    stop = project.compose("stop", "train-ddp", timeout=180)
+    assert stop.returncode == 0, stop.stderr
 
+    assert project.container("train-ddp")["State"]["ExitCode"] == 75, project.logs("train-ddp")
     outcome = json.loads((project.run_dir / "outcome.json").read_text())
-    assert outcome["outcome"] == "finished" and outcome["exit_code"] == 0
-    assert outcome["world_size"] == 2 and outcome["step"] == 20
-    assert sorted(p.name for p in (project.run_dir / "checkpoints").glob("step_*.pt")) == [
-        "step_000010.pt",
-        "step_000020.pt",
-    ]
-    assert any(e.get("event") == "train_step" for e in project.events(0))
-    # Both ranks trained in lockstep: their replicas end bit-identical.
-    digests = [
-        [(e["step"], e["sha256"]) for e in project.events(r) if e.get("event") == "replica_digest"]
-        for r in (0, 1)
-    ]
-    assert digests[0] == digests[1] and digests[0][0][0] == 20
-    assert (project.run_dir / "logs" / "launch.log").stat().st_size > 0
+    assert outcome["outcome"] == "preempted", outcome
+    saved = project.run_dir / "checkpoints" / "step_000006.pt"
+    assert outcome["checkpoint"] == f"/app/runs/{project.run_id}/checkpoints/step_000006.pt"
+    assert saved.exists()
+
+    # Same host, same checks: the operator's resume skips the preflight service.
+    again = project.compose("up", "--no-deps", "train-ddp")
+    assert again.returncode == 0, again.stdout[-3000:]
+    outcome = json.loads((project.run_dir / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished" and outcome["exit_code"] == 0, outcome
+    assert outcome["resumed_from"]["checkpoint"].endswith("step_000006.pt"), outcome
+    assert "training steps 6..10" in log.read_text(errors="replace")
+    assert (work / "final.pt").exists()
 
 
 def _assert_stopped_at_preflight(project: Project, up: subprocess.CompletedProcess[str]) -> str:
