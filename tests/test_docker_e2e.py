@@ -265,7 +265,7 @@ def test_a_script_run_file_docker_stop_then_up_resumes_from_its_checkpoint(
         "stop_grace_s": 30,
     }
     (work / "ups-run.yaml").write_text(yaml.safe_dump(run_file))
-    work.chmod(0o777)  # the container runs as the owner of runs/, uid 1000 here
+    work.chmod(0o777)  # the script writes final.pt there, as the owner of runs/
     project.extra_env = {
         "UPS_WORKDIR": str(work),
         "UPS_RUN_FILE": "ups-run.yaml",
