@@ -301,6 +301,17 @@ def test_a_script_run_file_docker_stop_then_up_resumes_from_its_checkpoint(
     assert "training steps 6..10" in log.read_text(errors="replace")
     assert (work / "final.pt").exists()
 
+    # A run file not in the mount, or a trainer override: one paragraph, exit 2, nothing run.
+    for run_file, words in (("nope.yaml", []), ("ups-run.yaml", ["--set", "training.lr=1"])):
+        mount = ["-e", f"UPS_RUN_FILE={run_file}", "-v", f"{work}:/app/work"]
+        refused = subprocess.run(
+            ["docker", "run", "--rm", *mount, IMAGE, "configs/demo.yaml", *words],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stderr.count("\n") == 1 and "Nothing was started" in refused.stderr
+        assert ("UPS_WORKDIR" if words == [] else "--set training.lr=1") in refused.stderr
+
 
 def _assert_stopped_at_preflight(project: Project, up: subprocess.CompletedProcess[str]) -> str:
     assert up.returncode != 0
