@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -52,13 +53,39 @@ class Tracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._run is not None:
-            self._run.log(metrics, step=step)
+            try:
+                self._run.log(metrics, step=step)
+            except Exception as err:  # any failure of W&B's own machinery
+                self._lost(err, "log")
 
     def summary(self, metrics: dict[str, float]) -> None:
         if self._run is not None:
-            self._run.summary.update(metrics)
+            try:
+                self._run.summary.update(metrics)
+            except Exception as err:
+                self._lost(err, "summary")
 
     def finish(self, exit_code: int) -> None:
         if self._run is not None:
             run, self._run = self._run, None
-            run.finish(exit_code=exit_code)
+            try:
+                run.finish(exit_code=exit_code)
+            except Exception as err:
+                self._lost(err, "finish")
+
+    def _lost(self, err: Exception, call: str) -> None:
+        """W&B is a copy of what the run logs, not the run: when its own process is gone
+        (on Slurm a job's SIGTERM reaches wandb-core too) or its socket breaks, the run
+        goes on without it, says so once, and ends as it really ends."""
+        self._run = None
+        import wandb
+
+        with contextlib.suppress(Exception):  # or W&B's exit hook prints its traceback
+            wandb.teardown()
+        log.warning(
+            "wandb_lost",
+            text=f"W&B stopped working ({call}: {type(err).__name__}: {err}); training goes "
+            "on without it: every metric is still in the rank logs (logs/rank0.jsonl), and "
+            "the W&B run keeps what it had",
+            error=f"{type(err).__name__}: {err}",
+        )
