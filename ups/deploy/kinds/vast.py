@@ -32,8 +32,11 @@ class Vast:
     supported = frozenset({"run", "overrides", "dry_run", "follow", "skip_preflight", "save"})
     instead = MappingProxyType(
         {
-            "workload": "a script runs on container (SSH) hosts so far; rent the instance, add it "
-            "to hosts.yaml as kind: container and deploy the script there.",
+            "workload": "a managed Vast run of a script is not built yet. Rent the instance, add "
+            "it to hosts.yaml as kind: container and deploy the script there with "
+            "`checkpoint_sync: {url: s3://...}` in the run file: its checkpoints go to the "
+            "bucket, and `fab deploy --run ID` of the same run to another host resumes from "
+            "there (docs/script.md).",
             "fresh": "a vast deploy always starts a new run on a new instance unless --run names "
             "one. Leave out --fresh.",
             "sync_wheel": "a vast instance starts from the image: publish a new image, point "
