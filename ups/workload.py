@@ -16,6 +16,7 @@ A script comes as ``--script PATH -- ARGS`` or as a run file (``ups-run.yaml``):
     checkpoint_sync:              # ups uploads the newest committed checkpoint there and
       url: s3://bucket/prefix     # restores it on a new host (optional)
       endpoint_url: https://...   # an S3-compatible store other than AWS (optional)
+      credentials: auto           # a rented host's keys: auto|scoped (minted), account
 
 Every problem is found at once and reported together (:class:`WorkloadError`, exit 2).
 Nothing here imports torch.
@@ -28,7 +29,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -59,6 +60,7 @@ class _Sync(BaseModel):
 
     url: Annotated[str, AfterValidator(_bucket_url)]
     endpoint_url: str | None = None
+    credentials: Literal["auto", "scoped", "account"] = "auto"
 
 
 class _RunFile(BaseModel):
@@ -101,6 +103,9 @@ class ScriptWorkload:
     ``<url>/<run id>/`` and restores it into ``checkpoint_dir`` on a new host."""
     sync_endpoint: str | None = None
     """The S3 endpoint of a store other than AWS."""
+    sync_credentials: Literal["auto", "scoped", "account"] = "auto"
+    """What a rented host gets (``checkpoint_sync.credentials`` of the trainer's config):
+    ``auto`` and ``scoped``: keys minted for the run; ``account``: this machine's."""
     source: str = "--script"
     """Where it came from, for messages: ``--script`` or the run file's path."""
 
@@ -235,6 +240,7 @@ def load_run_file(
         stop_grace_s=model.stop_grace_s,
         checkpoint_sync=model.checkpoint_sync.url if model.checkpoint_sync else None,
         sync_endpoint=model.checkpoint_sync.endpoint_url if model.checkpoint_sync else None,
+        sync_credentials=model.checkpoint_sync.credentials if model.checkpoint_sync else "auto",
         source=source,
     )
     problems = _check(workload, environ, local)
