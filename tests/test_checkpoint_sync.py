@@ -206,3 +206,71 @@ def test_an_unreachable_bucket_never_stops_training_and_uploads_catch_up(
     events = rank_events(run_dir, 0)
     failed = _named(events, "checkpoint_sync_failed")[0]
     assert "endpoint unreachable" in failed["error"] and failed["retry_in_s"] > 0
+
+
+def _launch_script(run_file: Path, out_dir: Path, run_id: str, *args: str) -> subprocess.Popen[str]:
+    argv = [PYTHON, "-m", "ups", "launch", "--run-file", str(run_file), "--run-id", run_id]
+    argv += ["--output-dir", str(out_dir), "--skip-preflight", "--", *args]
+    env = worker_env({"PYTHONPATH": str(REPO)})
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _pointer(bucket: Bucket, run_id: str) -> str | None:
+    raw = bucket.get_bytes(f"{run_id}/script-latest.json")
+    return None if raw is None else str(json.loads(raw)["name"])
+
+
+def test_a_script_checkpoint_goes_up_and_a_new_host_resumes_from_it(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    """A script run (examples/ddp/train.py) with the run file's checkpoint_sync: ups, not the
+    script, uploads its newest committed checkpoint while it runs; preempted (SIGTERM, exit
+    75) it commits step 6, which the last pass uploads; the same run id on a new host (an
+    empty output directory) gets step 6 restored from the bucket as UPS_RESUME, says so in
+    the outcome, and ends with weights torch.equal to an uninterrupted run's."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text((REPO / "examples" / "ddp" / "train.py").read_text())
+    sync = f"checkpoint_sync: {{url: {s3_server.url()}, endpoint_url: {s3_server.endpoint_url}}}"
+    run_file = proj / "ups-run.yaml"
+    run_file.write_text(f"script: train.py\nstop_grace_s: 30\n{sync}\n")
+    args = ["--steps", "12", "--save-every", "4"]
+    bucket = _bucket(s3_server)
+
+    ref = _launch_script(
+        run_file, tmp_path / "ref", "ref", *args, "--out", str(tmp_path / "ref.pt")
+    )
+    held = _launch_script(
+        run_file, tmp_path / "host1", "moved", *args, "--out", str(tmp_path / "moved.pt"),
+        "--pause-at", "6",
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while _pointer(bucket, "moved") != "step_000004.pt":  # uploaded while the script runs
+        assert held.poll() is None and time.monotonic() < deadline, held.communicate()
+        time.sleep(0.3)
+    out, err = ref.communicate(timeout=180)
+    assert ref.returncode == 0, out[-3000:] + err[-2000:]
+    assert _pointer(bucket, "ref") == "step_000012.pt"
+    held.send_signal(signal.SIGTERM)
+    out, err = held.communicate(timeout=120)
+    assert held.returncode == 75, out[-3000:] + err[-2000:]
+    assert _pointer(bucket, "moved") == "step_000006.pt"
+
+    moved = str(tmp_path / "moved.pt")
+    again = _launch_script(run_file, tmp_path / "host2", "moved", *args, "--out", moved)
+    out, err = again.communicate(timeout=180)
+    assert again.returncode == 0, out[-3000:] + err[-2000:]
+    assert "training steps 6..12" in out
+    restored = tmp_path / "host2" / "moved" / "checkpoints" / "step_000006.pt"
+    outcome = json.loads((tmp_path / "host2" / "moved" / "outcome.json").read_text())
+    assert outcome["resumed_from"]["checkpoint"] == str(restored)
+    assert (
+        f"restored from {s3_server.url()}/moved/checkpoints/step_000006.pt"
+        in (outcome["resumed_from"]["why"])
+    )
+    assert _pointer(bucket, "moved") == "step_000012.pt"
+    mine = torch.load(tmp_path / "moved.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "ref.pt", weights_only=True)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)

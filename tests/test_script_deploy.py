@@ -2,8 +2,9 @@
 
 One test in phases, each a real deploy of examples/ddp/train.py (plain DDP, gloo, two
 ranks, a few seconds): to the end; with a rank raising; stopped mid-run by `fab stop` and
-deployed again, resuming from the script's own committed checkpoint to final weights equal
-to the uninterrupted run's.
+deployed again after its checkpoints on the host were lost, resuming from the checkpoint
+ups had uploaded to the run file's bucket (a real S3 gateway) to final weights equal to
+the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import pytest
 import torch
 
 from tests.deploy_fixtures import REPO, SshServer, fab, sshd
+from tests.s3_server import S3Server, s3_server
 
-__all__ = ["sshd"]  # fixture used by name below
+__all__ = ["s3_server", "sshd"]  # fixtures used by name below
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
@@ -34,11 +36,12 @@ stop_grace_s: 30
 """
 
 
-def _project(tmp_path: Path) -> Path:
+def _project(tmp_path: Path, s3: S3Server) -> Path:
     proj = tmp_path / "proj"
     proj.mkdir()
     shutil.copy(REPO / "examples" / "ddp" / "train.py", proj / "train.py")
-    (proj / "ups-run.yaml").write_text(RUN_FILE)
+    sync = f"checkpoint_sync: {{url: {s3.url()}, endpoint_url: {s3.endpoint_url}}}\n"
+    (proj / "ups-run.yaml").write_text(RUN_FILE + sync)
     (proj / "requirements.txt").write_text("# nothing to install\n")
     (proj / "secrets.env").write_text(f"SCRIPT_TOKEN={SECRET}\n")
     (proj / ".gitignore").write_text("secrets.env\n*.log\n")
@@ -61,17 +64,19 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
-    sshd: SshServer, tmp_path: Path
+    sshd: SshServer, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """The script runs to the end (exit 0, finished; .gitignore'd files and the secret stay
-    home; setup ran once); a raising rank is named with its exception and exit code; `fab
-    stop` preempts it (75) after it commits a checkpoint, and the same deploy again resumes
-    from that checkpoint (UPS_RESUME) to weights `torch.equal` to the uninterrupted run's."""
+    """The script runs to the end (exit 0, finished; .gitignore'd files, the secret and the
+    S3 keys stay home; setup ran once); a raising rank is named with its exception and exit
+    code; `fab stop` preempts it (75) after it commits a checkpoint, which ups uploads to
+    the bucket; with the host's checkpoints gone (a new disk) the same deploy again
+    restores it from the bucket (UPS_RESUME) and ends with weights `torch.equal` to the
+    uninterrupted run's."""
     # The host runs this checkout's ups (the sshd session does not inherit PYTHONPATH).
     entry = sshd.host_entry(remote_env=f"export PYTHONPATH={REPO}")
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
     workdir = sshd.root / "remote"
-    proj = _project(tmp_path)
+    proj = _project(tmp_path, s3_server)
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
     deploy += ["--run-file", str(proj / "ups-run.yaml")]
 
@@ -83,6 +88,7 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     assert not (code / "notes.log").exists() and not (code / "secrets.env").exists()
     assert (code / "setup-ran.txt").is_file()
     assert SECRET not in done.stdout + done.stderr
+    assert s3_server.secret_key not in done.stdout + done.stderr
     first_run = done.stdout.split("started run ", 1)[1].split()[0]
     assert SECRET not in (workdir / "runs" / first_run / "logs" / "launch.log").read_text()
     reference = _weights(code / "final.pt")
@@ -104,6 +110,9 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     assert "preempted (exit 75)" in stopped.stdout
     preempted = json.loads((run_dir / "outcome.json").read_text())
     assert preempted["checkpoint"].endswith("checkpoints/step_000006.pt")
+    latest = s3_server.data / s3_server.bucket / "runs" / run_id / "script-latest.json"
+    assert json.loads(latest.read_text())["name"] == "step_000006.pt"
+    shutil.rmtree(run_dir / "checkpoints")  # the host's disk lost them; the bucket has them
 
     again = fab(*deploy, *held)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
@@ -112,6 +121,10 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
     assert outcome["resumed_from"]["checkpoint"] == preempted["checkpoint"]
+    assert outcome["resumed_from"]["why"].endswith(
+        f"restored from {s3_server.url()}/{run_id}/checkpoints/step_000006.pt"
+    )
+    assert s3_server.secret_key not in (run_dir / "logs" / "launch.log").read_text()
     resumed = _weights(code / "final.pt")
     assert resumed.keys() == reference.keys()
     assert all(torch.equal(resumed[k], reference[k]) for k in reference)

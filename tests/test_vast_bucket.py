@@ -5,6 +5,7 @@ instances, a real S3 server with STS on loopback (tests/moto_server.py), the rea
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -20,9 +21,13 @@ from tests.moto_server import MotoServer, moto_server
 from ups.bucket import Bucket, committed_checkpoints
 from ups.bucket.credentials import parse_file
 from ups.config.schema import Config
+from ups.deploy import kinds
+from ups.deploy.errors import UsageError
 from ups.deploy.hosts import HostsFile, VastHost
 from ups.deploy.managed.rental_plan import rented
-from ups.deploy.onhost.plan import DeployPlan, build_plan
+from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan
+from ups.deploy.request import DeployRequest
+from ups.workload import ScriptWorkload
 
 __all__ = ["demo_data", "fake_vast", "fake_wandb", "moto_server"]  # fixtures used by name below
 
@@ -219,6 +224,37 @@ def test_a_rented_host_gets_scoped_keys_and_no_wandb_key_unless_told(tmp_path: P
     for text in (mine, theirs, told.render(), told.to_json()):
         for value in env.values():
             assert value not in text
+    # Your own script on a rented host: the run file's bucket, scoped the same way unless
+    # its checkpoint_sync says `credentials: account`.
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for mode in ("scoped", "account"):
+        workload = ScriptWorkload(
+            script="train.py",
+            workdir=tmp_path,
+            checkpoint_sync="s3://bk/runs",
+            sync_credentials="account" if mode == "account" else "auto",
+        )
+        script = build_script_plan(spec.as_container("h", None), workload, run_id="r2", env=env)
+        rent = rented(script, None, time.time() + 3600, workload)
+        assert rent.bucket_access is not None and rent.bucket_access.mode == mode
+        assert rent.bucket_access.prefix_url == "s3://bk/runs/r2/"
+        assert (
+            rent.run_file is not None and rent.run_file["checkpoint_sync"]["url"] == "s3://bk/runs"
+        )
+        for value in env.values():
+            assert value not in rent.render() + rent.to_json()
+
+
+def test_a_script_is_refused_detached_on_vast(tmp_path: Path) -> None:
+    """A managed Vast run of a script is supervised by the deploy that follows it: `--detach`
+    is refused with what to do, before any offer is searched."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = VastHost(name="v", offer="gpu_name=RTX_4090", max_price_per_hour=1.0)
+    request = DeployRequest(
+        host="v", workload=ScriptWorkload(script="train.py", workdir=tmp_path), follow=False
+    )
+    with pytest.raises(UsageError, match="Leave out --detach"):
+        kinds.of(spec).plan(request, [spec], tmp_path / "known_hosts", io.StringIO())
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,11 +27,13 @@ from tests.conftest import worker_env
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, made_once_per_run
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
 from tests.launch_helpers import launch_cmd
+from tests.s3_server import S3Server, s3_server
+from ups.bucket import Bucket
 from ups.deploy.managed.watch import RECOVERY_EVENT, LocalLog
 from ups.retry import retry_verdict
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 
-__all__ = ["demo_data", "fake_vast"]  # fixtures used by name below
+__all__ = ["demo_data", "fake_vast", "s3_server"]  # fixtures used by name below
 
 FAST = {"sync_every_s": 1, "monitor_s": 1, "ssh_lost_s": 60, "interruptible": True}
 
@@ -106,40 +109,83 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return model
 
 
+SCRIPT_RUN = """\
+script: train.py
+args: [--steps, "40", --save-every, "4", --step-s, "0.3", --out, final.pt]
+stop_grace_s: 30
+checkpoint_sync: {{url: {url}, endpoint_url: {endpoint}, credentials: account}}
+"""
+
+
+def _pointer(bucket: Bucket, run_id: str) -> str:
+    raw = bucket.get_bytes(f"{run_id}/script-latest.json")
+    return "" if raw is None else str(json.loads(raw)["name"])
+
+
 @pytest.mark.slow
 @pytest.mark.ssh
-def test_outbid_mid_run_resumes_on_a_new_instance_bit_for_bit(
-    fake_vast: FakeVast, demo_data: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+def test_outbid_script_run_resumes_from_the_bucket_on_a_new_instance_bit_for_bit(
+    fake_vast: FakeVast, s3_server: S3Server, tmp_path: Path
 ) -> None:
-    """Outbid after checkpoint 10 was synced home: a second instance is rented from the next
-    offer, gets that checkpoint and the log, and finishes the same run id; its final weights
-    equal an uninterrupted run's, and the local log holds every step once plus one marked
-    recovery line. Both instances are destroyed; the summary counts them."""
-    fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
-    hosts = _hosts(fake_vast, tmp_path, demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
-    proc = _deploy(tmp_path, fake_vast, hosts, config, "outbid")
-    run_dir = tmp_path / "runs" / "outbid"
-    _wait_file(run_dir / "checkpoints" / "step_000010.pt", proc, timeout=300)
+    """Your own script (examples/ddp/train.py) as a managed Vast run with the run file's
+    bucket (a real S3 gateway; `credentials: account`, rclone has no STS): its workdir is
+    synced to the instance, ups uploads its committed checkpoints; outbid once step 8 is in
+    the bucket, a second instance is rented from the next offer, gets the workdir again,
+    and its `ups launch` restores the bucket's newest checkpoint as UPS_RESUME (the outcome
+    says which); the run's last checkpoint in the bucket holds weights `torch.equal` to an
+    uninterrupted run's. Both instances are destroyed; the summary counts them."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text((REPO / "examples" / "ddp" / "train.py").read_text())
+    run_file = proj / "ups-run.yaml"
+    run_file.write_text(SCRIPT_RUN.format(url=s3_server.url(), endpoint=s3_server.endpoint_url))
+    hosts = write_vast_hosts(
+        fake_vast, tmp_path / "hosts.yaml", remote_env=f"export PYTHONPATH={REPO}", **FAST
+    )
+    args = ["deploy", "--host", "vast", "--hosts-file", str(hosts), "--run-file", str(run_file),
+            "--run", "outbid"]  # fmt: skip
+    proc = subprocess.Popen(
+        [str(FAB), "-r", str(REPO), *args], cwd=tmp_path, text=True,
+        env=fab_env(fake_vast, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    bucket = Bucket.open(s3_server.url(), endpoint_url=s3_server.endpoint_url)
+    deadline = time.monotonic() + 300
+    while _pointer(bucket, "outbid") < "step_000008.pt":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out, err = proc.communicate()
+            raise AssertionError(f"step 8 never reached the bucket:\n{out[-3000:]}{err[-2000:]}")
+        time.sleep(0.3)  # the instance's ups launch uploading it
     (first,) = fake_vast.live()
     fake_vast.outbid(first.id)
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 0, out[-4000:] + err[-3000:]
     assert f"instance {first.id} lost: outbid" in out
-    assert "recovery 1/3: resuming run outbid from step 10" in out
+    assert "recovery 1/3: resuming run outbid from its newest checkpoint in the bucket" in out
     assert "vast summary: run outbid: 2 instance(s) used (" in out and "1 recovery(ies)" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     second = next(i for i in fake_vast.destroyed.values() if i.id != first.id)
     assert second.offer["id"] != first.offer["id"]  # the outbid machine is taken
-    ref_run = _uninterrupted_run(tmp_path_factory, config, demo_data)
-    mine, theirs = _final_model(run_dir), _final_model(ref_run)
-    assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
-    log = run_dir / "logs" / "launch.log"
-    ref_log = ref_run / "logs" / "launch.log"
-    steps = [(e["step"], e["train/loss"]) for e in _events(log, "train_step")]
-    assert steps == [(e["step"], e["train/loss"]) for e in _events(ref_log, "train_step")]
-    (marked,) = _events(log, RECOVERY_EVENT)
-    assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
+    outcome = json.loads((tmp_path / "runs" / "outbid" / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished"
+    resumed = Path(outcome["resumed_from"]["checkpoint"]).name
+    assert resumed >= "step_000008.pt", outcome["resumed_from"]
+    assert outcome["resumed_from"]["why"].endswith(
+        f"restored from {s3_server.url()}/outbid/checkpoints/{resumed}"
+    )
+    assert f"training steps {int(resumed[5:11])}..40" in out
+    assert _pointer(bucket, "outbid") == "step_000040.pt"
+    bucket.download_file("outbid/checkpoints/step_000040.pt", tmp_path / "last.pt")
+    mine = torch.load(tmp_path / "last.pt", weights_only=True)["model"]
+    ref = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(proj / "train.py"), "--steps", "40", "--save-every", "4", "--out",
+         str(tmp_path / "ref.pt")],
+        cwd=tmp_path, env=worker_env({"PYTHONPATH": str(REPO), "UPS_CHECKPOINT_DIR":
+        str(tmp_path / "ref-ckpts")}), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    theirs = torch.load(tmp_path / "ref.pt", weights_only=True)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
 
 
 @pytest.mark.slow

@@ -82,13 +82,36 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
         "checkpoint_dir": None,
         "data": ["d/x.h5"],
         "stop_grace_s": None,
+        "checkpoint_sync": None,
     }
+    assert plan.bucket_access is None
     # The data is looked for on the host after sync and setup, before anything starts.
     names = [s.name for s in plan.steps]
     assert names.index("sync") < names.index("check-data") < names.index("start")
     assert "d/x.h5" in (plan.step("check-data").command or "")
     assert plan.launch_argv[:4] == ["ups", "launch", "--run-file", plan.remote.state("run.json")]
     assert plan.resume_name == "train"
+
+
+def test_run_file_checkpoint_sync_reaches_the_host_with_the_store_used_here(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint_sync`` in a run file: a malformed URL is one problem line; a good one
+    goes to the host's run file with the endpoint this machine uses, and the deploy gives
+    the host bucket credentials for the run's prefix as it does for the trainer."""
+    path = _proj(tmp_path, "script: train.py\ncheckpoint_sync: {url: http://x/y, bucket: b}\n")
+    with pytest.raises(WorkloadError) as err:
+        load_run_file(path, environ={})
+    assert "checkpoint_sync.url: Value error" in str(err.value) and "s3://" in str(err.value)
+    assert "checkpoint_sync.bucket: unknown key" in str(err.value)
+    path.write_text("script: train.py\ncheckpoint_sync: {url: s3://b/runs}\n")
+    workload = load_run_file(path, environ={})
+    spec = ContainerHost(name="h", host="127.0.0.1", workdir="/w", ups_bin="ups")
+    plan = build_script_plan(spec, workload, run_id="r1", env={"AWS_ENDPOINT_URL": "http://s3"})
+    assert plan.run_file is not None
+    assert plan.run_file["checkpoint_sync"] == {"url": "s3://b/runs", "endpoint_url": "http://s3"}
+    assert plan.bucket_access is not None and plan.bucket_access.prefix_url == "s3://b/runs/r1/"
+    assert plan.bucket_access.mode == "account"
 
 
 def test_launch_and_deploy_refuse_a_bad_run_file_with_exit_2(

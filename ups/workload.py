@@ -13,6 +13,10 @@ A script comes as ``--script PATH -- ARGS`` or as a run file (``ups-run.yaml``):
     include: []                   # synced even when .gitignore leaves them out
     exclude: ["*.log"]            # never synced
     stop_grace_s: 120             # SIGTERM -> SIGKILL of the ranks
+    checkpoint_sync:              # ups uploads the newest committed checkpoint there and
+      url: s3://bucket/prefix     # restores it on a new host (optional)
+      endpoint_url: https://...   # an S3-compatible store other than AWS (optional)
+      credentials: auto           # a rented host's keys: auto|scoped (minted), account
 
 Every problem is found at once and reported together (:class:`WorkloadError`, exit 2).
 Nothing here imports torch.
@@ -25,10 +29,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from ups.bucket.store import parse_url
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV = ("UPS_CHECKPOINT_DIR", "UPS_RESUME", "UPS_RUN_ID", "UPS_RUN_DIR")
@@ -42,6 +48,19 @@ class WorkloadError(ValueError):
         self.problems = problems
         body = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"invalid run {source}: {len(problems)} problem(s)\n{body}")
+
+
+def _bucket_url(url: str) -> str:
+    parse_url(url)  # raises ValueError naming the form to write
+    return url
+
+
+class _Sync(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[str, AfterValidator(_bucket_url)]
+    endpoint_url: str | None = None
+    credentials: Literal["auto", "scoped", "account"] = "auto"
 
 
 class _RunFile(BaseModel):
@@ -58,6 +77,7 @@ class _RunFile(BaseModel):
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
     stop_grace_s: int | None = Field(None, ge=1)
+    checkpoint_sync: _Sync | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +98,14 @@ class ScriptWorkload:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     stop_grace_s: int | None = None
+    checkpoint_sync: str | None = None
+    """``s3://bucket/prefix``: ups uploads the newest committed checkpoint to
+    ``<url>/<run id>/`` and restores it into ``checkpoint_dir`` on a new host."""
+    sync_endpoint: str | None = None
+    """The S3 endpoint of a store other than AWS."""
+    sync_credentials: Literal["auto", "scoped", "account"] = "auto"
+    """What a rented host gets (``checkpoint_sync.credentials`` of the trainer's config):
+    ``auto`` and ``scoped``: keys minted for the run; ``account``: this machine's."""
     source: str = "--script"
     """Where it came from, for messages: ``--script`` or the run file's path."""
 
@@ -107,6 +135,11 @@ class ScriptWorkload:
             "checkpoint_dir": self.checkpoint_dir,
             "data": list(self.data),
             "stop_grace_s": self.stop_grace_s,
+            "checkpoint_sync": (
+                {"url": self.checkpoint_sync, "endpoint_url": self.sync_endpoint}
+                if self.checkpoint_sync
+                else None
+            ),
         }
 
 
@@ -205,6 +238,9 @@ def load_run_file(
         include=tuple(model.include),
         exclude=tuple(model.exclude),
         stop_grace_s=model.stop_grace_s,
+        checkpoint_sync=model.checkpoint_sync.url if model.checkpoint_sync else None,
+        sync_endpoint=model.checkpoint_sync.endpoint_url if model.checkpoint_sync else None,
+        sync_credentials=model.checkpoint_sync.credentials if model.checkpoint_sync else "auto",
         source=source,
     )
     problems = _check(workload, environ, local)

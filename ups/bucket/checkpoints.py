@@ -224,3 +224,61 @@ def fetch_checkpoint(bucket: Bucket, ref: CheckpointRef, dest: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+SCRIPT_LATEST = "script-latest.json"
+"""``<run_id>/script-latest.json``: the newest checkpoint of a ``--script`` run in the
+bucket, ``{"name", "sha256"}``, written after the checkpoint and its digest (a script's
+names carry no step, so the pointer, not the names, says which one is newest)."""
+
+
+def upload_script_checkpoint(bucket: Bucket, run_id: str, path: Path, digest: str) -> bool:
+    """Upload a script's committed checkpoint file under the trainer's layout (data, then
+    ``<name>.sha256``), then point ``script-latest.json`` at it. False when the pointer
+    already names it with this digest."""
+    pointer = json.dumps({"name": path.name, "sha256": digest}, sort_keys=True).encode()
+    if bucket.get_bytes(f"{run_id}/{SCRIPT_LATEST}") == pointer:
+        return False
+    key = f"{checkpoints_prefix(run_id)}{path.name}"
+    bucket.upload_file(path, key)
+    bucket.put_bytes(key + DIGEST_SUFFIX, f"{digest}\n".encode())
+    bucket.put_bytes(f"{run_id}/{SCRIPT_LATEST}", pointer)
+    return True
+
+
+def newest_script_checkpoint(bucket: Bucket, run_id: str) -> tuple[str, str] | None:
+    """(name, sha256) of a script run's newest checkpoint in the bucket, or None."""
+    raw = bucket.get_bytes(f"{run_id}/{SCRIPT_LATEST}")
+    if raw is None:
+        return None
+    try:
+        pointer = json.loads(raw)
+        name, digest = str(pointer["name"]), str(pointer["sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BucketError(
+            f"{bucket.url_of(f'{run_id}/{SCRIPT_LATEST}')}: unreadable ({exc})"
+        ) from None
+    if "/" in name or name.startswith("."):
+        raise BucketError(f"{bucket.url_of(f'{run_id}/{SCRIPT_LATEST}')} names {name!r}")
+    return name, digest
+
+
+def fetch_script_checkpoint(
+    bucket: Bucket, run_id: str, name: str, digest: str, dest: Path
+) -> Path:
+    """Download checkpoint ``name`` into the script's checkpoint directory ``dest`` under a
+    temporary name, check it against ``digest``, then rename it into place: by the
+    contract's rename rule it is committed only once it is complete."""
+    dest.mkdir(parents=True, exist_ok=True)
+    staged = dest / f".{name}.fetch"
+    actual = bucket.download_file(f"{checkpoints_prefix(run_id)}{name}", staged)
+    if actual != digest:
+        staged.unlink(missing_ok=True)
+        raise CheckpointMismatch(
+            f"{bucket.url_of(checkpoints_prefix(run_id) + name)}: SHA-256 {actual[:12]}… does "
+            f"not match {digest[:12]}… recorded in {SCRIPT_LATEST} (modified in the bucket?)"
+        )
+    final = dest / name
+    os.replace(staged, final)
+    fsync_dir(dest)
+    return final

@@ -15,14 +15,22 @@ pass that started after the request to complete, and says what is still missing.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ups import ckpt
 from ups.backoff import BUCKET_SYNC, Policy
-from ups.bucket.checkpoints import commit_bytes, local_checkpoints, prune, upload_checkpoint
+from ups.bucket.checkpoints import (
+    commit_bytes,
+    local_checkpoints,
+    prune,
+    upload_checkpoint,
+    upload_script_checkpoint,
+)
 from ups.bucket.store import Bucket, BucketError, CredentialsLapsed
 from ups.log import get_logger
 from ups.retry import bucket_retryable
@@ -69,9 +77,17 @@ class Uploader:
         keep_last: int,
         *,
         policy: Policy = BUCKET_SYNC,
+        script_dir: Path | None = None,
+        poll_s: float | None = None,
     ) -> None:
         self.bucket, self.run_id, self.run_dir = bucket, run_id, run_dir
         self.keep_last, self.policy = keep_last, policy
+        self.script_dir = script_dir
+        """A ``--script`` run's ``UPS_CHECKPOINT_DIR``: its newest committed checkpoint
+        (``ups.ckpt``'s rules) goes up instead of the trainer's ``checkpoints/``."""
+        self.poll_s = poll_s
+        """Make a pass this often unasked (a script does not call :meth:`notify`)."""
+        self._digests: dict[str, tuple[int, int, str]] = {}
         self._cond = threading.Condition()
         self._requested = 1  # the first pass catches up with what a resumed run has
         self._completed = 0
@@ -119,8 +135,7 @@ class Uploader:
                 timeout=timeout,
             )
             complete = self._completed >= target
-            local = [p for _, p in local_checkpoints(self.run_dir / "checkpoints")]
-            pending = [p.name for p in local if self._known.get(p.name) != _commit_or_none(p)]
+            pending = self._pending()
             return SyncReport(
                 url=self.url,
                 uploaded=list(self._uploaded),
@@ -145,8 +160,11 @@ class Uploader:
                     self._cond.wait_for(
                         lambda: self._stopping, timeout=self.policy.delay(failures - 1)
                     )
-                else:
-                    self._cond.wait_for(lambda: self._stopping or self._requested > self._completed)
+                elif not self._cond.wait_for(
+                    lambda: self._stopping or self._requested > self._completed,
+                    timeout=self.poll_s,
+                ):
+                    self._requested += 1  # polling a script's checkpoint directory
                 if self._stopping:
                     return
                 target, run_files = self._requested, self._run_files
@@ -189,7 +207,64 @@ class Uploader:
                 self._error = None
                 self._cond.notify_all()
 
+    def _pending(self) -> list[str]:
+        """Committed local checkpoints the bucket does not hold (as far as this process knows)."""
+        if self.script_dir is not None:
+            newest = _newest_file(self.script_dir)
+            if newest is None:
+                return []
+            return [] if self._known.get(newest.name) == self._digest(newest) else [newest.name]
+        local = [p for _, p in local_checkpoints(self.run_dir / "checkpoints")]
+        return [p.name for p in local if self._known.get(p.name) != _commit_or_none(p)]
+
+    def _digest(self, path: Path) -> bytes:
+        """SHA-256 of a script's checkpoint file, computed again only when it changed."""
+        stat = path.stat()
+        seen = self._digests.get(path.name)
+        if seen is None or seen[:2] != (stat.st_size, stat.st_mtime_ns):
+            seen = (stat.st_size, stat.st_mtime_ns, _sha256(path))
+            self._digests[path.name] = seen
+        return seen[2].encode()
+
     def _pass(self, run_files: bool) -> None:
+        if self.script_dir is not None:
+            self._pass_script(self.script_dir)
+        else:
+            self._pass_checkpoints()
+        self._send_tree(self.run_dir / "logs", "logs")
+        if run_files:
+            for name in RUN_FILES:
+                if (self.run_dir / name).is_file():
+                    self.bucket.upload_file(self.run_dir / name, f"{self.run_id}/{name}")
+            self._send_tree(self.run_dir / "wandb", "wandb")
+
+    def _pass_script(self, directory: Path) -> None:
+        """The newest committed checkpoint of a script: only it is needed to resume."""
+        try:
+            path = _newest_file(directory)
+            if path is None:
+                return
+            digest = self._digest(path)
+        except FileNotFoundError:
+            return  # replaced by a newer one meanwhile: the next pass takes that
+        if self._known.get(path.name) == digest:
+            return
+        started = time.monotonic()
+        sent = upload_script_checkpoint(self.bucket, self.run_id, path, digest.decode())
+        with self._cond:
+            self._known = {path.name: digest}
+            if sent:
+                self._uploaded.append(path.name)
+        if sent:
+            log.info(
+                "checkpoint_synced",
+                checkpoint=path.name,
+                step=None,
+                seconds=round(time.monotonic() - started, 3),
+                url=self.bucket.url_of(f"{self.run_id}/checkpoints/{path.name}"),
+            )
+
+    def _pass_checkpoints(self) -> None:
         directory = self.run_dir / "checkpoints"
         for step, path in reversed(local_checkpoints(directory)):
             commit = _commit_or_none(path)
@@ -221,12 +296,6 @@ class Uploader:
                 self._known.pop(name, None)
         if removed:
             log.info("checkpoint_sync_pruned", removed=removed, keep_last=self.keep_last)
-        self._send_tree(self.run_dir / "logs", "logs")
-        if run_files:
-            for name in RUN_FILES:
-                if (self.run_dir / name).is_file():
-                    self.bucket.upload_file(self.run_dir / name, f"{self.run_id}/{name}")
-            self._send_tree(self.run_dir / "wandb", "wandb")
 
     def _send_tree(self, root: Path, under: str) -> None:
         """Upload the files under ``root`` that changed since this process last sent them."""
@@ -250,10 +319,17 @@ class Uploader:
             self._sent_logs[f"{under}/{rel}"] = seen
 
 
-def final_pass(bucket: Bucket, run_id: str, run_dir: Path, keep_last: int, timeout: float) -> None:
+def final_pass(
+    bucket: Bucket,
+    run_id: str,
+    run_dir: Path,
+    keep_last: int,
+    timeout: float,
+    script_dir: Path | None = None,
+) -> None:
     """``ups launch`` after the run's outcome is final: the checkpoints the bucket lacks,
     the logs, ``outcome.json`` and W&B, within ``timeout``; the log says how it went."""
-    uploader = Uploader(bucket, run_id, run_dir, keep_last)
+    uploader = Uploader(bucket, run_id, run_dir, keep_last, script_dir=script_dir)
     uploader.include_run_files()
     uploader.start(announce=False)
     report = uploader.flush(timeout)
@@ -285,3 +361,18 @@ def _commit_mtime(path: Path) -> float:
         return commit.stat().st_mtime
     except FileNotFoundError:
         return time.time()
+
+
+def _newest_file(directory: Path) -> Path | None:
+    """A script's newest committed checkpoint when it is a file (a directory, e.g. a
+    sharded checkpoint, is not synced: docs/script.md)."""
+    newest = ckpt.latest(directory) if directory.is_dir() else None
+    return newest if newest is not None and newest.is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -25,7 +25,7 @@ from ups.config import Config, ConfigError, load_config
 from ups.console import LOG_FORMATS, wants_console
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_CONFIG
-from ups.workload import WorkloadError, load_run_file, with_args
+from ups.workload import ScriptWorkload, WorkloadError, load_run_file, with_args
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,12 +150,10 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
-def _from_run_file(
-    args: argparse.Namespace, script_args: list[str]
-) -> tuple[str, list[str], str | None, int | None]:
+def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWorkload:
     """Read ``--run-file`` (every problem at once, WorkloadError), move into its workdir
-    (the script's relative paths mean what they mean there) and return the script, its
-    arguments, its checkpoint dir and its stop grace. Secrets from its ``env_file`` join
+    (the script's relative paths mean what they mean there) and return it, with
+    ``-- ARGS`` in place of its args when given. Secrets from its ``env_file`` join
     this process's environment, which the workers inherit; never the plan's."""
     if args.script or args.config:
         raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
@@ -169,7 +167,7 @@ def _from_run_file(
     # Where the run lives stays relative to where `ups launch` was started.
     args.output_dir = str(Path(args.output_dir or "runs").absolute())
     os.chdir(workload.workdir)
-    return workload.script, list(workload.args), workload.checkpoint_dir, workload.stop_grace_s
+    return workload
 
 
 def main(argv: list[str]) -> int:
@@ -187,16 +185,16 @@ def main(argv: list[str]) -> int:
     try:
         if args.gpus is not None:
             _select_gpus(args.gpus)
-        script, checkpoint_dir, grace = args.script, None, None
-        if args.run_file is not None:
-            script, script_args, checkpoint_dir, grace = _from_run_file(args, script_args)
+        workload = _from_run_file(args, script_args) if args.run_file is not None else None
         req = LaunchRequest(
             config_path=args.config,
             overrides=args.overrides,
-            script=script,
-            script_args=script_args,
-            checkpoint_dir=checkpoint_dir,
-            stop_grace_s=grace,
+            script=workload.script if workload else args.script,
+            script_args=list(workload.args) if workload else script_args,
+            checkpoint_dir=workload.checkpoint_dir if workload else None,
+            stop_grace_s=workload.stop_grace_s if workload else None,
+            checkpoint_sync_url=workload.checkpoint_sync if workload else None,
+            checkpoint_sync_endpoint=workload.sync_endpoint if workload else None,
             nproc_per_node=args.nproc_per_node,
             nnodes=args.nnodes,
             node_rank=args.node_rank,

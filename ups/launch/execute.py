@@ -24,6 +24,7 @@ from ups.backoff import LAUNCH_RESTART
 from ups.bucket import Bucket
 from ups.bucket.uploader import final_pass
 from ups.config import Config
+from ups.launch import scriptrun
 from ups.launch.finalize import (
     exit_code,
     finalize_outcome,
@@ -225,6 +226,16 @@ def _sync_run_end(plan: LaunchPlan, cfg: Config | None) -> None:
     """With ``checkpoint_sync.url``: the final outcome is launch's (it amends a dead
     worker's), and a worker that died took its uploader with it, so one last pass sends
     what the bucket still lacks, with the outcome, the logs and W&B."""
+    if (store := scriptrun.bucket(plan)) is not None:
+        final_pass(
+            store,
+            plan.run_id,
+            Path(plan.run_dir),
+            scriptrun.KEEP_LAST,
+            timeout=scriptrun.FINAL_SYNC_S,
+            script_dir=scriptrun.checkpoint_dir(plan),
+        )
+        return
     if cfg is None or (url := cfg.checkpoint_sync.url) is None or plan.node_rank != 0:
         return
     sync = cfg.checkpoint_sync
@@ -309,6 +320,26 @@ def _port_taken_reason(plan: LaunchPlan) -> str:
 
 
 def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee, continued: bool) -> int:
+    """A script's checkpoints to and from its bucket around :func:`_attempts_of`."""
+    store = scriptrun.bucket(plan)
+    if store is None:
+        return _attempts_of(plan, cfg, tee, continued, None)
+    fetched = scriptrun.restore(plan, store)
+    sync = scriptrun.uploader(plan, store)
+    try:
+        return _attempts_of(plan, cfg, tee, continued, fetched, stop_sync=sync.stop)
+    finally:
+        sync.stop()
+
+
+def _attempts_of(
+    plan: LaunchPlan,
+    cfg: Config | None,
+    tee: LineTee,
+    continued: bool,
+    fetched: str | None,
+    stop_sync: Callable[[], None] | None = None,
+) -> int:
     """torchrun, then again from the last checkpoint while the budget and the cause allow."""
     records: list[dict[str, Any]] = []
     first_resume: Path | None = None
@@ -357,9 +388,11 @@ def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee, continued: boo
         final = dataclasses.replace(
             final,
             checkpoint=newest(plan),
-            resumed_from=resumed_from(plan, first_resume, continued),
+            resumed_from=resumed_from(plan, first_resume, continued, fetched),
         )
     save_outcome(Path(plan.run_dir), final)
+    if stop_sync is not None:
+        stop_sync()  # the final pass below sends what it had not, with the outcome
     _sync_run_end(plan, cfg)  # before the summary, so that stays the last thing shown
     code = exit_code(final, result.rc)
     _report_end(final, plan, code)

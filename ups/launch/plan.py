@@ -42,6 +42,9 @@ class LaunchRequest:
     """A script's ``UPS_CHECKPOINT_DIR``; default ``<run dir>/checkpoints``."""
     stop_grace_s: int | None = None
     """A script's time to save after SIGTERM; default ``distributed.stop_grace_s``."""
+    checkpoint_sync_url: str | None = None
+    """A script's bucket (``s3://bucket/prefix``): its checkpoints go there and come back."""
+    checkpoint_sync_endpoint: str | None = None
     nproc_per_node: int | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -88,7 +91,9 @@ class LaunchRequest:
             problems.append(f"--max-restarts must be at least 0 (got {self.max_restarts})")
         if self.run_id is not None and (problem := run_id_problem(self.run_id)):
             problems.append(f"--run-id: {problem}")
-        if self.script is None and (self.checkpoint_dir or self.stop_grace_s):
+        if self.script is None and (
+            self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url
+        ):
             problems.append("a checkpoint dir and stop grace are a script's; no --script was given")
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
@@ -137,6 +142,9 @@ class LaunchPlan:
     """Where the torchrun child writes its small JSON result (failures by rank)."""
     stop_grace_s: int
     """torchrun's ``--shutdown-timeout``: the workers' time to save after SIGTERM."""
+    checkpoint_sync_url: str | None
+    """A script's bucket: launch uploads its checkpoints and restores the newest one."""
+    checkpoint_sync_endpoint: str | None
     max_restarts: int
     restart_backoff_s: float
     resume: dict[str, Any] | None
@@ -302,6 +310,8 @@ def build_plan(
         log_path=str(run_dir / "logs" / "launch.log"),
         result_path=str(torchelastic_dir(run_dir) / f"node{req.node_rank}-result.json"),
         stop_grace_s=grace,
+        checkpoint_sync_url=req.checkpoint_sync_url,
+        checkpoint_sync_endpoint=req.checkpoint_sync_endpoint,
         max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
         restart_backoff_s=dcfg.restart_backoff_s,
         resume=asdict(choice.resume) if choice.resume else None,

@@ -4,16 +4,36 @@ script's side; docs/script.md).
 Every rank gets ``UPS_CHECKPOINT_DIR`` and ``UPS_RESUME``: the newest committed checkpoint
 there when the attempt starts, or empty. The outcome's ``resumed_from`` says which one,
 or that a continued run started the script from the beginning.
+
+With ``checkpoint_sync`` (the run file's bucket), node 0's launch carries the checkpoints
+the way rank 0 of the trainer does (``ups.bucket.uploader``): before the first attempt
+the bucket's newest checkpoint of this run id is restored into the directory when it is
+not there (a new host), and while the script runs its newest committed checkpoint is
+uploaded as it appears.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
 from ups import ckpt
+from ups.bucket import Bucket, BucketError
+from ups.bucket.checkpoints import fetch_script_checkpoint, newest_script_checkpoint
+from ups.bucket.uploader import Uploader
 from ups.launch.plan import LaunchPlan
+from ups.log import get_logger
+
+log = get_logger("checkpoint_sync")
+
+POLL_S = 2.0
+"""How often the uploader looks for a newer committed checkpoint of a script."""
+KEEP_LAST = 1
+"""A script run keeps its newest checkpoint in the bucket: the one a new host resumes from."""
+FINAL_SYNC_S = 300.0
+"""The last pass after the run ended (``checkpoint_sync.flush_timeout_s``'s default)."""
 
 
 def checkpoint_dir(plan: LaunchPlan) -> Path | None:
@@ -33,16 +53,65 @@ def with_resume(plan: LaunchPlan) -> tuple[LaunchPlan, Path | None]:
     return dataclasses.replace(plan, env=env), newest
 
 
-def resumed_from(plan: LaunchPlan, resume: Path | None, continued: bool) -> dict[str, Any] | None:
-    """What the outcome says about where the script started."""
+def bucket(plan: LaunchPlan) -> Bucket | None:
+    """A script run's bucket, on node 0 (the one that holds the checkpoints)."""
+    if plan.checkpoint_sync_url is None or plan.node_rank != 0 or checkpoint_dir(plan) is None:
+        return None
+    return Bucket.open(plan.checkpoint_sync_url, endpoint_url=plan.checkpoint_sync_endpoint)
+
+
+def restore(plan: LaunchPlan, store: Bucket) -> str | None:
+    """Fetch the bucket's newest checkpoint of this run into the checkpoint directory when
+    it is not there; its ``s3://`` address, or None. A bucket that does not answer leaves
+    the script to what the directory holds, saying so."""
+    directory = checkpoint_dir(plan)
+    assert directory is not None  # bucket() opens one only for a script run
+    started = time.monotonic()
+    try:
+        newest = newest_script_checkpoint(store, plan.run_id)
+        if newest is None or (directory / newest[0]).exists():
+            return None
+        path = fetch_script_checkpoint(store, plan.run_id, newest[0], newest[1], directory)
+    except BucketError as exc:
+        log.warning(
+            "checkpoint_fetch_failed",
+            error=str(exc),
+            message=f"the script resumes from what {directory} holds, if anything",
+        )
+        return None
+    url = store.url_of(f"{plan.run_id}/checkpoints/{path.name}")
+    log.info(
+        "checkpoint_fetched",
+        checkpoint=str(path),
+        seconds=round(time.monotonic() - started, 3),
+        url=url,
+        text=f"restored {path.name} from {url}",
+    )
+    return url
+
+
+def uploader(plan: LaunchPlan, store: Bucket) -> Uploader:
+    """The thread that uploads the script's newest committed checkpoint and the logs."""
+    directory = checkpoint_dir(plan)
+    return Uploader(
+        store, plan.run_id, Path(plan.run_dir), KEEP_LAST, script_dir=directory, poll_s=POLL_S
+    ).start()
+
+
+def resumed_from(
+    plan: LaunchPlan, resume: Path | None, continued: bool, fetched: str | None = None
+) -> dict[str, Any] | None:
+    """What the outcome says about where the script started (``fetched``: the bucket
+    address it was restored from on this host)."""
     directory = checkpoint_dir(plan)
     if directory is None:
         return None
     if resume is not None:
+        came = f", restored from {fetched}" if fetched and resume.name in fetched else ""
         return {
             "step": None,
             "checkpoint": str(resume),
-            "why": f"UPS_RESUME: the newest committed checkpoint in {directory}",
+            "why": f"UPS_RESUME: the newest committed checkpoint in {directory}{came}",
         }
     if continued:
         return {

@@ -29,11 +29,11 @@ def own(spec: HostSpec) -> VastHost:
 
 class Vast:
     name = "vast"
-    supported = frozenset({"run", "overrides", "dry_run", "follow", "skip_preflight", "save"})
+    supported = frozenset(
+        {"run", "overrides", "dry_run", "follow", "skip_preflight", "save", "workload"}
+    )
     instead = MappingProxyType(
         {
-            "workload": "a script runs on container (SSH) hosts so far; rent the instance, add it "
-            "to hosts.yaml as kind: container and deploy the script there.",
             "fresh": "a vast deploy always starts a new run on a new instance unless --run names "
             "one. Leave out --fresh.",
             "sync_wheel": "a vast instance starts from the image: publish a new image, point "
@@ -46,6 +46,12 @@ class Vast:
     ) -> VastDeploy:
         from ups.deploy.managed import ops
 
+        if request.workload is not None and not request.follow:
+            raise UsageError(
+                "--detach with --script/--run-file on a vast host: a script's managed run is "
+                "supervised by the deploy that follows it (a background supervisor rebuilds "
+                "the run from a ups config). Leave out --detach."
+            )
         return ops.plan(
             own(specs[0]),
             known_hosts,
@@ -57,6 +63,7 @@ class Vast:
             skip_preflight=request.skip_preflight,
             mirror=request.save,
             hosts_file=request.hosts_file,
+            workload=request.workload,
         )
 
     def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:

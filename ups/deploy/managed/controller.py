@@ -81,7 +81,15 @@ class Keeper:
         self.run_id = plan.run_id
         self.run_dir = plan.local_runs / plan.run_id
         self.log = LocalLog(self.run_dir / "logs" / "launch.log")
-        self.points = ResumePoints(self.run_id, self.run_dir, self.log, sup, bucket, self.say)
+        self.points = ResumePoints(
+            self.run_id,
+            self.run_dir,
+            self.log,
+            sup,
+            bucket,
+            self.say,
+            script=lifecycle.plan.workload is not None,
+        )
         self.legs: list[Leg] = []
         """The instances this supervisor worked on (the record has every one of the run)."""
         self.lost_offers: set[int] = set()
@@ -266,6 +274,7 @@ class Keeper:
                         self.plan_on(target),
                         env=self.env,
                         replan=lambda run_id: self.lc.plan.replan(target.spec, run_id),
+                        workload=self.lc.plan.workload,
                         on_preflight=lambda report: record_figures(self.lc.plan, report, self.say),
                     )
                     operate.launch(target, conn, plan)
@@ -414,10 +423,15 @@ class Keeper:
         self.count(reason, leg.instance_id)
         self.pending = self.points.after_loss(reason, leg.instance_id, detected)
         self.lc.plan = self.lc.plan.with_next_offer(self.lc.provider, self.lost_offers)
+        where = (
+            "from its newest checkpoint in the bucket (ups launch restores it there as UPS_RESUME)"
+            if self.lc.plan.workload is not None
+            else f"from step {self.pending.resume_step} ({self.pending.steps_lost} steps to "
+            "recompute)"
+        )
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: resuming run {self.run_id} "
-            f"from step {self.pending.resume_step} ({self.pending.steps_lost} steps to "
-            f"recompute) on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
+            f"{where} on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
         )
 
     def end_lost(self, instance_id: int, reason: str) -> None:

@@ -17,7 +17,7 @@ def record_figures(
     ``plan``'s machine; None when the report has none (burn-in off) or no machine is known."""
     found = figures(report)
     offer = plan.offer
-    if not found or offer.machine_id is None:
+    if not found or offer.machine_id is None or plan.cfg is None:
         return None
     entry = Measurement(
         machine_id=offer.machine_id,

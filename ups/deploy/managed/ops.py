@@ -29,6 +29,7 @@ from ups.deploy.onhost.plan import load_run_config
 from ups.deploy.providers import InstanceState as State
 from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, label_for, parse_label
 from ups.runid import run_id_problem
+from ups.workload import ScriptWorkload, WorkloadError, load_run_file
 
 ACCOUNT_WARNING = (
     "warning: checkpoint_sync.credentials: account sends this machine's own S3 keys to the "
@@ -94,7 +95,7 @@ class VastDeploy:
                     f"bucket credentials for the instance: minted with {access.method} in "
                     f"{time.monotonic() - started:.2f} s, scoped to {access.prefix_url}\n"
                 )
-        if plan.cfg.wandb.online_on_host and "WANDB_API_KEY" in plan.deploy.secrets:
+        if plan.cfg and plan.cfg.wandb.online_on_host and "WANDB_API_KEY" in plan.deploy.secrets:
             out.write(WANDB_WARNING)
         detach = not plan.deploy.follow
         run_dir = plan.local_runs / plan.run_id
@@ -105,7 +106,7 @@ class VastDeploy:
             hosts_file=str(Path(self.hosts_file).resolve()) if self.hosts_file else None,
             overrides=list(self.overrides),
         )
-        bucket = bucket_state.open_for(plan.cfg)
+        bucket = bucket_state.open_for(plan.cfg, plan.workload)
 
         def say(text: str) -> None:
             out.write(text + "\n")
@@ -181,6 +182,7 @@ def plan(
     mirror: Path | None,
     hosts_file: str | None = None,
     mode: str = "following",
+    workload: ScriptWorkload | None = None,
 ) -> VastDeploy:
     """Search offers and plan the rental and the deploy on it (creates nothing). ``mode``
     says how the run will be supervised: ``following`` in a terminal, or ``detached`` for
@@ -197,6 +199,7 @@ def plan(
         follow=follow,
         skip_preflight=skip_preflight,
         env=env,
+        workload=workload,
     )
     return VastDeploy(
         provider,
@@ -279,12 +282,21 @@ def describe_runs(runs: list[supervision.State], runs_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def _state_bucket(st: supervision.State) -> Bucket | None:
+    """The bucket of a supervised run: its script's run file's, or its config's."""
+    try:
+        workload = load_run_file(Path(st.config), local=False)
+    except WorkloadError:  # not a run file: the run's ups config
+        return bucket_state.open_for(load_run_config(Path(st.config), tuple(st.overrides)))
+    return bucket_state.open_for(None, workload)
+
+
 def _in_bucket(st: supervision.State) -> str:
     """``; bucket: step N`` for a run whose config names a bucket (one listing)."""
     from ups.bucket import newest_checkpoint
 
     try:
-        bucket = bucket_state.open_for(load_run_config(Path(st.config), tuple(st.overrides)))
+        bucket = _state_bucket(st)
         ref = newest_checkpoint(bucket, st.run_id) if bucket else None
     except (DeployError, BucketError, OSError) as err:
         return f"; bucket: unknown ({err})"
@@ -385,9 +397,7 @@ def saved_log(
 
     def bucket_of() -> Bucket | None:
         if state is not None:
-            found = bucket_state.open_for(
-                load_run_config(Path(state.config), tuple(state.overrides))
-            )
+            found = _state_bucket(state)
             if found is not None:
                 return found
         return Bucket.open(entry_bucket) if entry_bucket else None

@@ -18,12 +18,13 @@ from ups.config import Config
 from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.managed.ledger import Ledger
 from ups.deploy.managed.ranking import API_ORDER, MEASURED, rank
-from ups.deploy.onhost.plan import DeployPlan, build_plan, load_run_config
+from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan, load_run_config
 from ups.deploy.providers import NoOffer, Provider, label_for
 from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
 from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
 from ups.preflight.figures import workload
 from ups.runid import new_run_id
+from ups.workload import ScriptWorkload
 
 PENDING_ADDRESS = "(instance ssh address)"
 WANDB_KEY = "WANDB_API_KEY"
@@ -49,7 +50,9 @@ class VastPlan:
     """Where the run directory is fetched to (the config's output_dir, locally)."""
     deploy: DeployPlan
     config: Path
-    cfg: Config
+    """The config file, or a script's run file."""
+    cfg: Config | None
+    """None for your own script (``workload``)."""
     overrides: tuple[str, ...]
     skip_preflight: bool
     env: dict[str, str]
@@ -59,9 +62,22 @@ class VastPlan:
     """W&B would log online, but logs offline on the instance: synced from here at the end."""
     ranking: tuple[str, ...] = ()
     """``order: measured``: the best offers by expected $ per sample, the chosen first."""
+    workload: ScriptWorkload | None = None
+    """Your own script: each instance gets its workdir and setup as a container host does."""
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
+        if self.workload is not None:
+            script = build_script_plan(
+                spec,
+                self.workload,
+                run_id=run_id or self.run_id,
+                follow=self.deploy.follow,
+                skip_preflight=self.skip_preflight,
+                env=self.env,
+            )
+            return rented(script, self.cfg, self.deadline_epoch, self.workload)
+        assert self.cfg is not None  # a trainer run has its config
         plan = build_plan(
             spec,
             self.config,
@@ -84,7 +100,7 @@ class VastPlan:
             self,
             deadline_epoch=deadline,
             onstart=onstart_command(self.spec, deadline),
-            deploy=rented(self.deploy, self.cfg, deadline),
+            deploy=rented(self.deploy, self.cfg, deadline, self.workload),
         )
 
     def watchdog_file(self, workdir: str, name: str = "") -> str:
@@ -129,6 +145,8 @@ class VastPlan:
         return "none sent: the instance's own key (set by Vast; acts on that instance only)"
 
     def wandb_line(self) -> str:
+        if self.cfg is None:
+            return "not ups's: your script logs where it logs (secrets by name in `env`)"
         if self.cfg.wandb.online_on_host:
             return "online on the instance: WANDB_API_KEY goes there (wandb.online_on_host)"
         if self.wandb_sync:
@@ -208,8 +226,11 @@ def build_vast_plan(
     skip_preflight: bool = False,
     env: dict[str, str] | None = None,
     now: float | None = None,
+    workload: ScriptWorkload | None = None,
 ) -> VastPlan:
     assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+    if workload is not None:
+        return _script_plan(spec, workload, provider, run_id, follow, skip_preflight, env, now)
     if spec.checkpoint_sync != "local" and not any(
         o.startswith("checkpoint_sync.url=") for o in overrides
     ):  # hosts.yaml names the bucket; an explicit --set still wins
@@ -257,14 +278,70 @@ def build_vast_plan(
     )
 
 
-def rented(plan: DeployPlan, cfg: Config, deadline: float) -> DeployPlan:
+def _script_plan(
+    spec: VastHost,
+    workload: ScriptWorkload,
+    provider: Provider,
+    run_id: str | None,
+    follow: bool,
+    skip_preflight: bool,
+    env: dict[str, str] | None,
+    now: float | None,
+) -> VastPlan:
+    """The rental of your own script: the same offer search, watchdog and deadline; the
+    container plan is the script's (workdir sync, setup, ``ups launch --run-file``). The
+    bucket is the run file's ``checkpoint_sync``, else the host entry's."""
+    if workload.checkpoint_sync is None and spec.checkpoint_sync != "local":
+        workload = dataclasses.replace(workload, checkpoint_sync=spec.checkpoint_sync)
+    env = dict(env if env is not None else {})
+    run_id = run_id or new_run_id(workload.name)
+    offer, avoided, ranking = search(provider, spec)
+    deadline = (time.time() if now is None else now) + spec.max_hours * 3600.0
+    deploy = build_script_plan(
+        container_spec(spec),
+        workload,
+        run_id=run_id,
+        follow=follow,
+        skip_preflight=skip_preflight,
+        env=env,
+    )
+    return VastPlan(
+        spec=spec,
+        offer=offer,
+        price=offer.price(spec.interruptible),
+        bid=bid_price(offer, spec.interruptible),
+        label=label_for(spec.name, run_id),
+        onstart=onstart_command(spec, deadline),
+        deadline_epoch=deadline,
+        local_runs=Path("runs"),
+        deploy=rented(deploy, None, deadline, workload),
+        config=Path(workload.source),
+        cfg=None,
+        overrides=(),
+        skip_preflight=skip_preflight,
+        env=env,
+        avoided=avoided,
+        ranking=ranking,
+        workload=workload,
+    )
+
+
+def rented(
+    plan: DeployPlan, cfg: Config | None, deadline: float, workload: ScriptWorkload | None = None
+) -> DeployPlan:
     """A container plan for a rented host: its bucket credentials are minted for the run
-    and live until the run's ``deadline`` (plus a margin), unless the config says
-    ``credentials: account``; ``WANDB_API_KEY`` stays here unless ``wandb.online_on_host``."""
-    if not cfg.wandb.online_on_host:
+    and live until the run's ``deadline`` (plus a margin), unless the config (or a script's
+    run file) says ``credentials: account``; ``WANDB_API_KEY`` stays here unless
+    ``wandb.online_on_host`` (a script's secrets are the ones its run file names)."""
+    if cfg is not None and not cfg.wandb.online_on_host:
         plan = dataclasses.replace(plan, secrets=[s for s in plan.secrets if s != WANDB_KEY])
+    account = (
+        workload.sync_credentials == "account"
+        if workload is not None
+        else cfg is not None and cfg.checkpoint_sync.credentials == "account"
+    )
     access = plan.bucket_access
-    if access is None or cfg.checkpoint_sync.credentials == "account":
+    if access is None or account:
         return plan
     scoped = dataclasses.replace(access, mode="scoped", until=deadline)
     return dataclasses.replace(plan, bucket_access=scoped)

@@ -28,9 +28,13 @@ class ResumePoints:
         sup: Supervision,
         bucket: Bucket | None,
         say: Callable[[str], None],
+        script: bool = False,
     ) -> None:
         self.run_id, self.run_dir, self.log, self.sup = run_id, run_dir, log, sup
         self.bucket, self.say = bucket, say
+        self.script = script
+        """Your own script: the instance's ``ups launch`` restores its newest checkpoint
+        from the bucket itself (``ups.launch.scriptrun``); nothing is fetched or sent here."""
 
     @property
     def recoveries(self) -> int:
@@ -38,6 +42,8 @@ class ResumePoints:
 
     def newest(self) -> tuple[int, Path | None]:
         """The newest good checkpoint here after fetching the bucket's when it is newer."""
+        if self.script:
+            return 0, None
         if self.bucket is not None:
             found = fetch_newer(self.bucket, self.run_id, self.run_dir / "checkpoints", self.say)
             if found is not None:

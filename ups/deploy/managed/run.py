@@ -102,6 +102,7 @@ def _detached(
                 env=env,
                 replan=lambda run_id: lifecycle.plan.replan(target.spec, run_id),
                 mirror=mirror,
+                workload=lifecycle.plan.workload,
             )
         except PreflightFailed as err:
             raise host_or_user(err) from None

@@ -25,11 +25,17 @@ from ups.bucket.checkpoints import local_checkpoints
 from ups.config import Config
 from ups.deploy.managed import record as supervision
 from ups.deploy.managed.record import State
+from ups.workload import ScriptWorkload
 
 
-def open_for(cfg: Config) -> Bucket | None:
-    sync = cfg.checkpoint_sync
-    return Bucket.open(sync.url, endpoint_url=sync.endpoint_url) if sync.url else None
+def open_for(cfg: Config | None, workload: ScriptWorkload | None = None) -> Bucket | None:
+    """The run's bucket: the config's ``checkpoint_sync``, or a script's run file's."""
+    if workload is not None:
+        url, endpoint = workload.checkpoint_sync, workload.sync_endpoint
+    else:
+        assert cfg is not None  # a trainer run has its config
+        url, endpoint = cfg.checkpoint_sync.url, cfg.checkpoint_sync.endpoint_url
+    return Bucket.open(url, endpoint_url=endpoint) if url else None
 
 
 def mirror(bucket: Bucket, run_id: str, say: Callable[[str], None]) -> Callable[[str, bytes], None]:

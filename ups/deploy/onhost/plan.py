@@ -7,6 +7,7 @@ it comes from :mod:`ups.deploy.transport.remote`, and the executor runs exactly 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -329,6 +330,13 @@ def build_script_plan(
     secrets = [n for n in SECRET_NAMES if env.get(n)] + [
         n for n in workload.env if n not in SECRET_NAMES
     ]
+    access = None
+    if (bucket := workload.checkpoint_sync) is not None:
+        # The host uses the store used here; keys as for the trainer (a rented host's are
+        # scoped to the run by rental_plan, a host of your own gets this machine's).
+        endpoint = workload.sync_endpoint or endpoint_from_env(env)
+        workload = dataclasses.replace(workload, sync_endpoint=endpoint)
+        access = Access("account", bucket, run_id, endpoint_url=endpoint)
     return DeployPlan(
         host=spec.name,
         kind="container",
@@ -339,6 +347,8 @@ def build_script_plan(
         remote=remote,
         launch_argv=launch_argv,
         secrets=secrets,
+        bucket=workload.checkpoint_sync,
+        bucket_access=access,
         follow=follow,
         steps=steps,
         resume_name=None if (fixed or fresh) else workload.name,

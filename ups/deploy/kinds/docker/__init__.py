@@ -35,8 +35,9 @@ class Docker:
     supported = frozenset({"run", "fresh", "dry_run", "follow", "skip_preflight"})
     instead = MappingProxyType(
         {
-            "workload": "a script runs on container (SSH) hosts so far; deploy it to a host whose "
-            "entry is kind: container.",
+            "workload": "the image has ups's dependencies only, not your script's. Deploy the "
+            "script to an entry of kind: container for the same machine (SSH into the "
+            "container), or to kind: vast.",
             "overrides": "the compose services read the uploaded config as it is. Put the change "
             "in the config file and deploy again.",
             "sync_wheel": "a docker host runs the image: rebuild it (scripts/build-images.sh) and "
