@@ -17,6 +17,7 @@ from ups.deploy.errors import UsageError
 from ups.deploy.hosts import load_hosts
 from ups.deploy.onhost.slurm import _failed_nodes
 from ups.deploy.request import DeployRequest
+from ups.workload import load_run_file
 
 
 def _hosts(tmp_path: Path, **fields: Any) -> Path:
@@ -79,6 +80,36 @@ def test_dry_run_prints_the_batch_script_from_the_entry(tmp_path: Path) -> None:
     assert "--gpus 4" in node  # preflight checks the GPUs each node must show
     assert "sbatch --parsable run.sh" in text
     assert "launch:" not in text  # each node's command is in node.sh, not a container's
+    for script in (batch, node):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_dry_run_of_a_script(tmp_path: Path) -> None:
+    """`--run-file` on a slurm host: the workdir is synced and set up from the login node,
+    each node runs `ups launch --run-file` with its rank and the job's rendezvous, and every
+    node shares node 0's checkpoint directory (so a requeue resumes all of them from it)."""
+    run_file = Path(__file__).resolve().parents[1] / "examples" / "ddp" / "ups-run.yaml"
+    out = io.StringIO()
+    request = DeployRequest(
+        host="cluster",
+        hosts_file=str(_hosts(tmp_path, gpus_per_node=0, ranks_per_node=1)),
+        workload=load_run_file(run_file),
+        run="s1",
+        dry_run=True,
+    )
+    assert tasks.deploy(request, out) == 0
+    text = out.getvalue()
+    batch, node = _script(text, "batch"), _script(text, "node")
+    steps = [w[1] for w in map(str.split, text.splitlines()) if w and w[0].rstrip(".").isdigit()]
+    assert steps[:4] == ["connect:", "check-code:", "sync:", "upload:"], steps
+    assert "/shared/ups/code/train-" in text
+    assert (
+        "ups launch --run-file /shared/ups/.ups/deploy/s1/run.json --run-id s1 "
+        "--preflight-passed-by 'fab deploy' --nproc-per-node 1 --checkpoint-dir "
+        "runs/s1/checkpoints --nnodes"
+    ) in node
+    assert node.count("--output-dir") == 1 and "--config" not in node
+    assert "node.sh preflight" in batch
     for script in (batch, node):
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 

@@ -114,6 +114,12 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/script.md); the script runs in its workdir",
     )
     p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="a script's UPS_CHECKPOINT_DIR, instead of the run file's or <run dir>/checkpoints "
+        "(relative to where ups launch starts): one directory for every node of a job",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="auto",
@@ -168,8 +174,14 @@ def _from_run_file(
     os.environ.update(workload.secrets(os.environ))
     # Where the run lives stays relative to where `ups launch` was started.
     args.output_dir = str(Path(args.output_dir or "runs").absolute())
+    checkpoints = args.checkpoint_dir and str(Path(args.checkpoint_dir).absolute())
     os.chdir(workload.workdir)
-    return workload.script, list(workload.args), workload.checkpoint_dir, workload.stop_grace_s
+    return (
+        workload.script,
+        list(workload.args),
+        checkpoints or workload.checkpoint_dir,
+        workload.stop_grace_s,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -187,7 +199,7 @@ def main(argv: list[str]) -> int:
     try:
         if args.gpus is not None:
             _select_gpus(args.gpus)
-        script, checkpoint_dir, grace = args.script, None, None
+        script, checkpoint_dir, grace = args.script, args.checkpoint_dir, None
         if args.run_file is not None:
             script, script_args, checkpoint_dir, grace = _from_run_file(args, script_args)
         req = LaunchRequest(

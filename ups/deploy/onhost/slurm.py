@@ -15,15 +15,17 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
+from ups import jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.hosts import SlurmHost
-from ups.deploy.onhost import operate
+from ups.deploy.onhost import operate, workdir
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import settle
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport import slurm as sl
 from ups.deploy.transport.session import Target, run, write_text
+from ups.workload import ScriptWorkload
 
 EXIT_NOT_SCHEDULED = 6
 """The job stayed pending for ``max_pending_s`` and was cancelled (as a provider's "no
@@ -88,14 +90,19 @@ def deploy(
     job_for: Callable[[DeployPlan], sl.JobSpec],
     replan: Callable[[str], DeployPlan],
     env: dict[str, str],
+    workload: ScriptWorkload | None = None,
 ) -> int:
-    """Submit the run's batch job, wait for it to start, follow it to its end."""
+    """Submit the run's batch job, wait for it to start, follow it to its end. A script's
+    workdir is synced and set up from the login node first, onto the shared filesystem
+    every node reads it from."""
     conn = target.connect()
     try:
         _refuse_queued(conn, spec, plan)
         plan, offset = settle(target, conn, plan, replan)
         job = job_for(plan)
         operate.check_code(target, conn, plan)
+        if workload is not None:
+            workdir.prepare_code(target, conn, plan, workload)
         _upload(target, conn, plan, job, env)
         submitted = run(conn, plan.step("submit").command or "", spec)
         job_id = submitted.stdout.strip().split(";")[0]
@@ -137,7 +144,10 @@ def _upload(
     result = run(conn, plan.step("upload").command or "", target.spec)
     if result.exited != 0:
         raise DeployError(f"cannot create {r.state_dir} on {plan.host!r}: {result.stderr}")
-    conn.sftp().put(plan.config, r.state("config.yaml"))
+    if plan.run_file is None:
+        conn.sftp().put(plan.config, r.state("config.yaml"))
+    else:
+        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_text(conn, r.state(sl.NODE_SCRIPT), sl.node_script(job))
     write_text(conn, r.state(sl.BATCH_SCRIPT), sl.batch_script(job))
