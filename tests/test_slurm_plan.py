@@ -15,7 +15,7 @@ from tests.deploy_fixtures import demo_config
 from ups.deploy import tasks
 from ups.deploy.errors import UsageError
 from ups.deploy.hosts import load_hosts
-from ups.deploy.onhost.slurm import _failed_nodes
+from ups.deploy.onhost.slurm import Accounting, _failed_nodes, parse_sacct
 from ups.deploy.request import DeployRequest
 from ups.workload import load_run_file
 
@@ -164,3 +164,19 @@ def test_failed_node_reports_are_split_by_node() -> None:
     own lines, passed nodes are left out."""
     reports = "PASSED n1\nall good\nFAILED n2\nrun directory: x is not writable\nmore\n"
     assert _failed_nodes(reports) == {"n2": "run directory: x is not writable\nmore"}
+
+
+def test_sacct_lines_are_read_for_the_job_only() -> None:
+    """`sacct -X -n -P` output: the job's last allocation line (a requeued job has one per
+    start) is its accounting; other jobs, blank or malformed lines, and no output at all
+    (accounting not configured) give nothing."""
+    text = (
+        "41|COMPLETED|00:00:05|0:0|n1\n"
+        "42|REQUEUED|00:00:31|0:15|n[1-2]\n"
+        "garbage line\n\n"
+        "42|COMPLETED|00:01:02|0:0|n[1-2]\n"
+    )
+    found = parse_sacct(text, "42")
+    assert found == Accounting("COMPLETED", "00:01:02", "0:0", "n[1-2]")
+    assert found.words() == "completed, elapsed 00:01:02, exit code 0:0, on n[1-2]"
+    assert parse_sacct("", "42") is None and parse_sacct(text, "43") is None

@@ -62,6 +62,34 @@ class JobState:
         return f"job {self.job_id} {self.state.lower() or 'no longer known to Slurm'}"
 
 
+@dataclass(frozen=True)
+class Accounting:
+    """What ``sacct`` recorded of a job (where the cluster keeps accounting)."""
+
+    state: str
+    elapsed: str
+    exit_code: str
+    """``code:signal``, as Slurm writes it."""
+    nodes: str
+
+    def words(self) -> str:
+        return (
+            f"{self.state.lower()}, elapsed {self.elapsed}, exit code {self.exit_code}, "
+            f"on {self.nodes}"
+        )
+
+
+def parse_sacct(text: str, job_id: str) -> Accounting | None:
+    """The job's last allocation line of :func:`ups.deploy.transport.slurm.sacct_command`'s
+    output; None when there is none (accounting off, or the job unknown to it)."""
+    found = None
+    for line in text.splitlines():
+        words = line.strip().split("|")
+        if len(words) == len(sl.SACCT_FIELDS) and words[0] == job_id:
+            found = Accounting(*words[1:])
+    return found
+
+
 def job_state(conn: Connection, spec: SlurmHost, job_id: str) -> JobState:
     lines = run(conn, sl.job_state_command(job_id), spec).stdout.splitlines()
     fields = dict(line.split("=", 1) for line in lines if "=" in line)
@@ -187,12 +215,16 @@ def report_end(target: Target, spec: SlurmHost, found: rc.RemoteRun, code: int) 
     try:
         attempts = run(conn, rc.read_file_command(found.state(sl.ATTEMPTS_FILE)), spec).stdout
         reports = run(conn, sl.preflight_reports_command(found), spec).stdout
+        starts = [line.split() for line in attempts.splitlines() if len(line.split()) > 1]
+        job_id = starts[-1][1] if starts else ""
+        sacct = run(conn, sl.sacct_command(job_id), spec).stdout if job_id.isdigit() else ""
     finally:
         conn.close()
-    starts = [line.split() for line in attempts.splitlines() if line.strip()]
     if len(starts) > 1:
         restarts = max(int(words[0]) for words in starts if words[0].isdigit())
-        target.say(f"slurm job {starts[-1][1]}: requeued {restarts} time(s), started {len(starts)}")
+        target.say(f"slurm job {job_id}: requeued {restarts} time(s), started {len(starts)}")
+    if (accounting := parse_sacct(sacct, job_id)) is not None:
+        target.say(f"slurm job {job_id} (sacct): {accounting.words()}")
     failed = _failed_nodes(reports)
     if not failed:
         return code
