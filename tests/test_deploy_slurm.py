@@ -176,7 +176,10 @@ def test_unschedulable_request_and_failing_node_preflight(
 ) -> None:
     """A job asking for more nodes than the partition has is reported pending with Slurm's
     reason, cancelled after `max_pending_s` (exit 6); a node whose preflight fails (its run
-    directory cannot be made) ends the job before training, the node named (exit 4)."""
+    directory cannot be made) ends the job before training, the node named (exit 4).
+    Then a script (examples/ddp, `--run-file`) on 2 nodes x 1 rank, requeued by Slurm
+    after its step-5 checkpoint: both nodes resume from the newest committed checkpoint and
+    it runs to the end."""
     workdir = sshd.root / "remote"
     link_data(workdir, demo_data)
     hosts = _hosts(sshd, tmp_path, huge={"nodes": 3, "max_pending_s": 3})
@@ -209,3 +212,34 @@ def test_unschedulable_request_and_failing_node_preflight(
         "failed", "preflight", "preflight",
     )  # fmt: skip
     assert not (workdir / "runs" / "bad" / "logs").exists()  # no training started
+
+    # A script: its workdir synced through the login node, `ups launch --run-file` per node.
+    run_file = REPO / "examples" / "ddp" / "ups-run.yaml"
+    slow = "--script-args=--steps 10 --save-every 5 --step-s 1"
+    script = ["deploy", "--host", "cluster", "--hosts-file", str(hosts), "--run-file"]
+    proc = subprocess.Popen(
+        [str(FAB), *script, str(run_file), "--run", "ddp", slow], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        checkpoints = workdir / "runs" / "ddp" / "checkpoints"
+        deadline = time.monotonic() + 240
+        while not (checkpoints / "step_000005.pt").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(proc.communicate())[-4000:]
+            time.sleep(0.2)  # polling the shared run directory, bounded by the deadline
+        job_id = (workdir / ".ups" / "deploy" / "ddp" / "jobid").read_text().strip()
+        assert slurm("scontrol", "requeue", job_id).returncode == 0
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:] + err[-2000:]
+    assert "workdir " in out and "file(s) sent" in out  # synced from the login node
+    assert f"slurm job {job_id}: requeued 1 time(s), started 2" in out
+    outcome = json.loads((workdir / "runs" / "ddp" / "outcome.json").read_text())
+    assert outcome["outcome"] == "finished" and outcome["world_size"] == 2, outcome
+    # The newest committed when Slurm stopped it: 5, or 6 when the ranks saved on SIGTERM.
+    resumed = outcome["resumed_from"]["checkpoint"]
+    assert resumed in [str(checkpoints / f"step_00000{s}.pt") for s in (5, 6)], outcome
+    node1 = workdir / "runs" / "ddp" / "nodes" / "1" / "ddp" / "outcome.json"
+    assert json.loads(node1.read_text())["resumed_from"]["checkpoint"] == resumed
+    print(f"slurm script: requeue resumed from {Path(resumed).name}")

@@ -15,8 +15,9 @@ from tests.deploy_fixtures import demo_config
 from ups.deploy import tasks
 from ups.deploy.errors import UsageError
 from ups.deploy.hosts import load_hosts
-from ups.deploy.onhost.slurm import _failed_nodes
+from ups.deploy.onhost.slurm import Accounting, _failed_nodes, parse_sacct
 from ups.deploy.request import DeployRequest
+from ups.workload import load_run_file
 
 
 def _hosts(tmp_path: Path, **fields: Any) -> Path:
@@ -83,6 +84,36 @@ def test_dry_run_prints_the_batch_script_from_the_entry(tmp_path: Path) -> None:
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
+def test_dry_run_of_a_script(tmp_path: Path) -> None:
+    """`--run-file` on a slurm host: the workdir is synced and set up from the login node,
+    each node runs `ups launch --run-file` with its rank and the job's rendezvous, and every
+    node shares node 0's checkpoint directory (so a requeue resumes all of them from it)."""
+    run_file = Path(__file__).resolve().parents[1] / "examples" / "ddp" / "ups-run.yaml"
+    out = io.StringIO()
+    request = DeployRequest(
+        host="cluster",
+        hosts_file=str(_hosts(tmp_path, gpus_per_node=0, ranks_per_node=1)),
+        workload=load_run_file(run_file),
+        run="s1",
+        dry_run=True,
+    )
+    assert tasks.deploy(request, out) == 0
+    text = out.getvalue()
+    batch, node = _script(text, "batch"), _script(text, "node")
+    steps = [w[1] for w in map(str.split, text.splitlines()) if w and w[0].rstrip(".").isdigit()]
+    assert steps[:4] == ["connect:", "check-code:", "sync:", "upload:"], steps
+    assert "/shared/ups/code/train-" in text
+    assert (
+        "ups launch --run-file /shared/ups/.ups/deploy/s1/run.json --run-id s1 "
+        "--preflight-passed-by 'fab deploy' --nproc-per-node 1 --checkpoint-dir "
+        "runs/s1/checkpoints --nnodes"
+    ) in node
+    assert node.count("--output-dir") == 1 and "--config" not in node
+    assert "node.sh preflight" in batch
+    for script in (batch, node):
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
 def test_no_requeue_and_cpu_ranks(tmp_path: Path) -> None:
     """`requeue: false` asks Slurm for none and never requeues itself; ranks_per_node
     sets the ranks of a CPU node."""
@@ -133,3 +164,19 @@ def test_failed_node_reports_are_split_by_node() -> None:
     own lines, passed nodes are left out."""
     reports = "PASSED n1\nall good\nFAILED n2\nrun directory: x is not writable\nmore\n"
     assert _failed_nodes(reports) == {"n2": "run directory: x is not writable\nmore"}
+
+
+def test_sacct_lines_are_read_for_the_job_only() -> None:
+    """`sacct -X -n -P` output: the job's last allocation line (a requeued job has one per
+    start) is its accounting; other jobs, blank or malformed lines, and no output at all
+    (accounting not configured) give nothing."""
+    text = (
+        "41|COMPLETED|00:00:05|0:0|n1\n"
+        "42|REQUEUED|00:00:31|0:15|n[1-2]\n"
+        "garbage line\n\n"
+        "42|COMPLETED|00:01:02|0:0|n[1-2]\n"
+    )
+    found = parse_sacct(text, "42")
+    assert found == Accounting("COMPLETED", "00:01:02", "0:0", "n[1-2]")
+    assert found.words() == "completed, elapsed 00:01:02, exit code 0:0, on n[1-2]"
+    assert parse_sacct("", "42") is None and parse_sacct(text, "43") is None

@@ -136,6 +136,23 @@ def test_launch_and_deploy_refuse_a_bad_run_file_with_exit_2(
     assert code == 2 and "--set overrides a ups config" in capsys.readouterr().err
 
 
+def test_launch_checkpoint_dir_overrides_the_run_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ups launch --run-file F --checkpoint-dir D`: the script's UPS_CHECKPOINT_DIR is D,
+    taken relative to where ups launch started (not the run file's workdir), as a Slurm
+    job's nodes need to share node 0's."""
+    path = _proj(tmp_path, "script: train.py\ncheckpoint_dir: mine\n")
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        argv = ["--run-file", str(path), "--run-id", "c", "--dry-run"]
+        assert launch_cli.main([*argv, "--checkpoint-dir", "runs/c/checkpoints"]) == 0
+    finally:
+        os.chdir(cwd)
+    assert f'"UPS_CHECKPOINT_DIR": "{tmp_path}/runs/c/checkpoints"' in capsys.readouterr().out
+
+
 def test_committed_checkpoints_by_rename_then_by_record(tmp_path: Path) -> None:
     """Temporary names never count; commit() renames a .tmp; naming a file through commit()
     switches the directory to the record, keeping what was committed before."""

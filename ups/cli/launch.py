@@ -17,6 +17,7 @@ bad config or bad flags (reported before anything starts) or a refused resume.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -114,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/script.md); the script runs in its workdir",
     )
     p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="a script's UPS_CHECKPOINT_DIR, instead of the run file's or <run dir>/checkpoints "
+        "(relative to where ups launch starts): one directory for every node of a job",
+    )
+    p.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
         default="auto",
@@ -166,7 +173,10 @@ def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWo
     os.environ.update(workload.secrets(os.environ))
     # Where the run lives stays relative to where `ups launch` was started.
     args.output_dir = str(Path(args.output_dir or "runs").absolute())
+    checkpoints = args.checkpoint_dir and str(Path(args.checkpoint_dir).absolute())
     os.chdir(workload.workdir)
+    if checkpoints:  # --checkpoint-dir: every node of a Slurm job shares node 0's
+        workload = dataclasses.replace(workload, checkpoint_dir=checkpoints)
     return workload
 
 
@@ -191,7 +201,7 @@ def main(argv: list[str]) -> int:
             overrides=args.overrides,
             script=workload.script if workload else args.script,
             script_args=list(workload.args) if workload else script_args,
-            checkpoint_dir=workload.checkpoint_dir if workload else None,
+            checkpoint_dir=workload.checkpoint_dir if workload else args.checkpoint_dir,
             stop_grace_s=workload.stop_grace_s if workload else None,
             checkpoint_sync_url=workload.checkpoint_sync if workload else None,
             checkpoint_sync_endpoint=workload.sync_endpoint if workload else None,

@@ -3,7 +3,9 @@
 The plan is the container plan of the login node (run id, config, secrets, the version
 check) with the container's start replaced by a batch script: ``--dry-run`` prints that
 script and ``fab deploy`` submits exactly it (docs/slurm.md). The trainer runs with a
-config; a user's script would enter through the same ``ups launch`` arguments.
+config, a user's script (``--script``/``--run-file``) with the container kind's script
+plan: its workdir synced to the shared filesystem and set up from the login node, then
+``ups launch --run-file`` on every node.
 """
 
 from __future__ import annotations
@@ -18,12 +20,19 @@ from typing import TextIO
 
 from ups.deploy.hosts import AddressedHost, HostSpec, SlurmHost, get_host
 from ups.deploy.onhost import slurm as on_slurm
-from ups.deploy.onhost.plan import DeployPlan, Step, build_plan, load_run_config
+from ups.deploy.onhost.plan import (
+    DeployPlan,
+    Step,
+    build_plan,
+    build_script_plan,
+    load_run_config,
+)
 from ups.deploy.onhost.runs import choose_run, resolve_run
 from ups.deploy.request import DeployRequest
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport import slurm as sl
 from ups.deploy.transport.session import Target, run
+from ups.workload import ScriptWorkload
 
 
 def own(spec: HostSpec) -> SlurmHost:
@@ -42,6 +51,7 @@ class SlurmDeploy:
     replan: Callable[[str | None], DeployPlan]
     skip_preflight: bool
     env: dict[str, str]
+    workload: ScriptWorkload | None = None
 
     def choose_run(self) -> None:
         self.plan = choose_run(self.target, self.plan, self.replan)
@@ -63,7 +73,13 @@ class SlurmDeploy:
 
     def run(self) -> int:
         return on_slurm.deploy(
-            self.target, self.spec, self.plan, job_for=self.job, replan=self.replan, env=self.env
+            self.target,
+            self.spec,
+            self.plan,
+            job_for=self.job,
+            replan=self.replan,
+            env=self.env,
+            workload=self.workload,
         )
 
 
@@ -73,13 +89,20 @@ def _indent(text: str) -> str:
 
 def job_spec(spec: SlurmHost, plan: DeployPlan, skip_preflight: bool) -> sl.JobSpec:
     """The batch job of ``plan``: the ``ups launch`` arguments of its container plan, one
-    node agent per node, and Slurm's options from the hosts.yaml entry."""
-    remote_config = plan.remote.state("config.yaml")
-    launch = plan.launch_argv[1:]  # without ups_bin: the node script names it
+    node agent per node, and Slurm's options from the hosts.yaml entry. A script's nodes
+    share one checkpoint directory (node 0's run directory's, unless the run file names
+    one), so every node resumes from the same checkpoint."""
+    script = plan.run_file is not None
+    remote_config = None if script else plan.remote.state("config.yaml")
+    launch = _without_output_dir(plan.launch_argv[1:])  # ups_bin and --output-dir: node.sh's
     sets = [w for i, w in enumerate(launch) if i and launch[i - 1] == "--set"]
     sets = [w for s in sets for w in ("--set", s)]
     ranks = spec.ranks_per_node or spec.gpus_per_node or None
     per_node = ["--nproc-per-node", str(ranks)] if ranks else []
+    shared = []
+    if plan.run_file is not None and plan.run_file.get("checkpoint_dir") is None:
+        r = plan.remote
+        shared = ["--checkpoint-dir", f"{r.output_dir}/{r.run_id}/checkpoints"]
     preflight = rc.preflight_argv(spec.ups_bin, remote_config, spec.gpus_per_node)[1:]
     return sl.JobSpec(
         run=plan.remote,
@@ -98,7 +121,7 @@ def job_spec(spec: SlurmHost, plan: DeployPlan, skip_preflight: bool) -> sl.JobS
             extra=spec.sbatch_options,
         ),
         ups_bin=spec.ups_bin,
-        launch_args=[*launch, *per_node],
+        launch_args=[*launch, *per_node, *shared],
         preflight_args=[*preflight, *sets, *per_node],
         remote_env=spec.remote_env,
         requeue=spec.requeue,
@@ -106,14 +129,25 @@ def job_spec(spec: SlurmHost, plan: DeployPlan, skip_preflight: bool) -> sl.JobS
     )
 
 
+def _without_output_dir(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--output-dir DIR``: each node's comes in the node script."""
+    at = argv.index("--output-dir") if "--output-dir" in argv else len(argv)
+    return argv[:at] + argv[at + 2 :]
+
+
+_BEFORE_UPLOAD = ("connect", "check-code", "sync", "setup", "check-data")
+
+
 def _slurm_steps(spec: SlurmHost, plan: DeployPlan) -> list[Step]:
-    """The container plan's steps up to the upload, then submit, wait and follow."""
+    """The container plan's steps up to the upload (a script's sync and setup too, from
+    the login node onto the shared filesystem), then submit, wait and follow."""
     r = plan.remote
-    steps = [s for s in plan.steps if s.name in ("connect", "check-code")]
+    steps = [s for s in plan.steps if s.name in _BEFORE_UPLOAD]
+    sent = "run file" if plan.run_file is not None else "config"
     steps.append(
         Step(
             "upload",
-            f"config, {sl.BATCH_SCRIPT} and {sl.NODE_SCRIPT} (below), secrets (0600)",
+            f"{sent}, {sl.BATCH_SCRIPT} and {sl.NODE_SCRIPT} (below), secrets (0600)",
             rc.mkdir_command(r.state_dir),
         )
     )
@@ -132,7 +166,9 @@ def _slurm_steps(spec: SlurmHost, plan: DeployPlan) -> list[Step]:
 
 class Slurm:
     name = "slurm"
-    supported = frozenset({"run", "overrides", "fresh", "dry_run", "follow", "skip_preflight"})
+    supported = frozenset(
+        {"run", "overrides", "fresh", "dry_run", "follow", "skip_preflight", "workload"}
+    )
     instead = MappingProxyType(
         {
             "sync_wheel": "install the wheel into the cluster's ups environment (on the shared "
@@ -140,9 +176,6 @@ class Slurm:
             "has it.",
             "save": "`fab fetch --host NAME` copies the run directory (every node's logs) "
             "after the run.",
-            "workload": "a Slurm job runs the ups trainer with a config so far; run a script "
-            "on a container host (`kind: container`), or with `ups launch --run-file FILE` "
-            "from a batch script of your own on the cluster.",
         }
     )
 
@@ -151,6 +184,8 @@ class Slurm:
     ) -> SlurmDeploy:
         spec = own(specs[0])
         target = Target(spec=spec, known_hosts=known_hosts, out=out)
+        if request.workload is not None:
+            return self._plan_script(request, request.workload, spec, target)
         cfg = load_run_config(request.config, request.overrides)
         env = dict(os.environ)
 
@@ -169,6 +204,27 @@ class Slurm:
             return dataclasses.replace(plan, kind="slurm", steps=_slurm_steps(spec, plan))
 
         return SlurmDeploy(target, spec, replan(request.run), replan, request.skip_preflight, env)
+
+    def _plan_script(
+        self, request: DeployRequest, workload: ScriptWorkload, spec: SlurmHost, target: Target
+    ) -> SlurmDeploy:
+        # The run file's secrets (env_file values too) join the values the upload sends.
+        env = {**os.environ, **workload.secrets(os.environ)}
+
+        def replan(run_id: str | None) -> DeployPlan:
+            plan = build_script_plan(
+                spec,
+                workload,
+                run_id=run_id,
+                fresh=request.fresh,
+                follow=request.follow,
+                skip_preflight=request.skip_preflight,
+                env=env,
+            )
+            return dataclasses.replace(plan, kind="slurm", steps=_slurm_steps(spec, plan))
+
+        plan = replan(request.run)
+        return SlurmDeploy(target, spec, plan, replan, request.skip_preflight, env, workload)
 
     def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
         return own(spec)

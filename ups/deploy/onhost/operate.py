@@ -146,12 +146,8 @@ def prepare(
     if sync is not None:
         sync_wheel(target, conn, sync)
     check_code(target, conn, plan)
-    if workload is not None and plan.run_file is not None:
-        workdir.sync(target, conn, workload, plan.run_file["workdir"])
-        setup = [s for s in plan.steps if s.name == "setup"]
-        workdir.run_setup(target, conn, [(s.detail, s.command or "") for s in setup])
-        if plan.has_step("check-data"):
-            workdir.check_data(target, conn, plan.step("check-data").command or "")
+    if workload is not None:
+        workdir.prepare_code(target, conn, plan, workload)
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:

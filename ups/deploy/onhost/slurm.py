@@ -15,15 +15,17 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
+from ups import jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.hosts import SlurmHost
-from ups.deploy.onhost import operate
+from ups.deploy.onhost import operate, workdir
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import settle
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport import slurm as sl
 from ups.deploy.transport.session import Target, run, write_text
+from ups.workload import ScriptWorkload
 
 EXIT_NOT_SCHEDULED = 6
 """The job stayed pending for ``max_pending_s`` and was cancelled (as a provider's "no
@@ -60,6 +62,34 @@ class JobState:
         return f"job {self.job_id} {self.state.lower() or 'no longer known to Slurm'}"
 
 
+@dataclass(frozen=True)
+class Accounting:
+    """What ``sacct`` recorded of a job (where the cluster keeps accounting)."""
+
+    state: str
+    elapsed: str
+    exit_code: str
+    """``code:signal``, as Slurm writes it."""
+    nodes: str
+
+    def words(self) -> str:
+        return (
+            f"{self.state.lower()}, elapsed {self.elapsed}, exit code {self.exit_code}, "
+            f"on {self.nodes}"
+        )
+
+
+def parse_sacct(text: str, job_id: str) -> Accounting | None:
+    """The job's last allocation line of :func:`ups.deploy.transport.slurm.sacct_command`'s
+    output; None when there is none (accounting off, or the job unknown to it)."""
+    found = None
+    for line in text.splitlines():
+        words = line.strip().split("|")
+        if len(words) == len(sl.SACCT_FIELDS) and words[0] == job_id:
+            found = Accounting(*words[1:])
+    return found
+
+
 def job_state(conn: Connection, spec: SlurmHost, job_id: str) -> JobState:
     lines = run(conn, sl.job_state_command(job_id), spec).stdout.splitlines()
     fields = dict(line.split("=", 1) for line in lines if "=" in line)
@@ -88,14 +118,19 @@ def deploy(
     job_for: Callable[[DeployPlan], sl.JobSpec],
     replan: Callable[[str], DeployPlan],
     env: dict[str, str],
+    workload: ScriptWorkload | None = None,
 ) -> int:
-    """Submit the run's batch job, wait for it to start, follow it to its end."""
+    """Submit the run's batch job, wait for it to start, follow it to its end. A script's
+    workdir is synced and set up from the login node first, onto the shared filesystem
+    every node reads it from."""
     conn = target.connect()
     try:
         _refuse_queued(conn, spec, plan)
         plan, offset = settle(target, conn, plan, replan)
         job = job_for(plan)
         operate.check_code(target, conn, plan)
+        if workload is not None:
+            workdir.prepare_code(target, conn, plan, workload)
         _upload(target, conn, plan, job, env)
         submitted = run(conn, plan.step("submit").command or "", spec)
         job_id = submitted.stdout.strip().split(";")[0]
@@ -137,7 +172,10 @@ def _upload(
     result = run(conn, plan.step("upload").command or "", target.spec)
     if result.exited != 0:
         raise DeployError(f"cannot create {r.state_dir} on {plan.host!r}: {result.stderr}")
-    conn.sftp().put(plan.config, r.state("config.yaml"))
+    if plan.run_file is None:
+        conn.sftp().put(plan.config, r.state("config.yaml"))
+    else:
+        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_text(conn, r.state(sl.NODE_SCRIPT), sl.node_script(job))
     write_text(conn, r.state(sl.BATCH_SCRIPT), sl.batch_script(job))
@@ -177,12 +215,16 @@ def report_end(target: Target, spec: SlurmHost, found: rc.RemoteRun, code: int) 
     try:
         attempts = run(conn, rc.read_file_command(found.state(sl.ATTEMPTS_FILE)), spec).stdout
         reports = run(conn, sl.preflight_reports_command(found), spec).stdout
+        starts = [line.split() for line in attempts.splitlines() if len(line.split()) > 1]
+        job_id = starts[-1][1] if starts else ""
+        sacct = run(conn, sl.sacct_command(job_id), spec).stdout if job_id.isdigit() else ""
     finally:
         conn.close()
-    starts = [line.split() for line in attempts.splitlines() if line.strip()]
     if len(starts) > 1:
         restarts = max(int(words[0]) for words in starts if words[0].isdigit())
-        target.say(f"slurm job {starts[-1][1]}: requeued {restarts} time(s), started {len(starts)}")
+        target.say(f"slurm job {job_id}: requeued {restarts} time(s), started {len(starts)}")
+    if (accounting := parse_sacct(sacct, job_id)) is not None:
+        target.say(f"slurm job {job_id} (sacct): {accounting.words()}")
     failed = _failed_nodes(reports)
     if not failed:
         return code

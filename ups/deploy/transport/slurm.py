@@ -252,6 +252,16 @@ def cancel_command(job_id: str, signal: str | None = None) -> str:
     return argv(*words)
 
 
+SACCT_FIELDS = ("JobID", "State", "Elapsed", "ExitCode", "NodeList")
+
+
+def sacct_command(job_id: str) -> str:
+    """The job's :data:`SACCT_FIELDS` from Slurm's accounting, one ``|``-separated line
+    (nothing where accounting is not configured)."""
+    fields = ",".join(SACCT_FIELDS)
+    return f"sacct -j {q(job_id)} -X -n -P -o {fields} 2>/dev/null || true"
+
+
 def read_job_id_command(run: RemoteRun) -> str:
     return f"cat {q(run.state(JOB_ID_FILE))} 2>/dev/null || true"
 
