@@ -147,7 +147,7 @@ def prepare(
         sync_wheel(target, conn, sync)
     check_code(target, conn, plan)
     if workload is not None:
-        workdir.prepare_code(target, conn, plan, workload)
+        prepare_code(target, conn, plan, workload)
     upload(target, conn, plan, env)
     if plan.has_step("preflight"):
         try:
@@ -159,6 +159,19 @@ def prepare(
         if on_preflight is not None:
             on_preflight(report)
     return plan, offset
+
+
+def prepare_code(
+    target: Target, conn: Connection, plan: DeployPlan, workload: ScriptWorkload
+) -> None:
+    """A script plan's ``sync``, ``setup`` and ``check-data`` steps, as the plan shows them:
+    the code is on the host, set up, its data there (every kind that runs scripts)."""
+    assert plan.run_file is not None, "a script plan carries the host's run file"
+    workdir.sync(target, conn, workload, plan.run_file["workdir"])
+    setup = [s for s in plan.steps if s.name == "setup"]
+    workdir.run_setup(target, conn, [(s.detail, s.command or "") for s in setup])
+    if plan.has_step("check-data"):
+        workdir.check_data(target, conn, plan.step("check-data").command or "")
 
 
 def discard(target: Target, conn: Connection, plan: DeployPlan) -> None:

@@ -18,7 +18,7 @@ from fabric import Connection
 from ups import jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.hosts import SlurmHost
-from ups.deploy.onhost import operate, workdir
+from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import settle
@@ -130,7 +130,7 @@ def deploy(
         job = job_for(plan)
         operate.check_code(target, conn, plan)
         if workload is not None:
-            workdir.prepare_code(target, conn, plan, workload)
+            operate.prepare_code(target, conn, plan, workload)
         _upload(target, conn, plan, job, env)
         submitted = run(conn, plan.step("submit").command or "", spec)
         job_id = submitted.stdout.strip().split(";")[0]

@@ -25,7 +25,6 @@ import pathspec
 from fabric import Connection
 
 from ups.deploy.errors import DeployError, UsageError
-from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target, run, write_text
 from ups.workload import ScriptWorkload
@@ -187,16 +186,3 @@ def check_data(target: Target, conn: Connection, command: str) -> None:
             "leaves it out), fetch it in a `setup:` command, or fix the run file's `data:`; "
             "nothing was started."
         )
-
-
-def prepare_code(
-    target: Target, conn: Connection, plan: DeployPlan, workload: ScriptWorkload
-) -> None:
-    """A script plan's ``sync``, ``setup`` and ``check-data`` steps, as the plan shows them:
-    the code is on the host, set up, its data there (every kind that runs scripts)."""
-    assert plan.run_file is not None, "a script plan carries the host's run file"
-    sync(target, conn, workload, plan.run_file["workdir"])
-    setup = [s for s in plan.steps if s.name == "setup"]
-    run_setup(target, conn, [(s.detail, s.command or "") for s in setup])
-    if plan.has_step("check-data"):
-        check_data(target, conn, plan.step("check-data").command or "")
