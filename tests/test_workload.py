@@ -31,7 +31,8 @@ def _proj(tmp_path: Path, run_file: str) -> Path:
 
 def test_run_file_reports_every_problem_at_once(tmp_path: Path) -> None:
     """Unknown key, missing script, a path outside workdir, a bad and an unset secret name,
-    a missing env file: all in one error, one line each."""
+    a missing env file: all in one error, one line each (the files even beside a key the
+    schema refuses)."""
     path = _proj(
         tmp_path,
         "script: nope.py\nchekpoint_dir: x\ndata: [/abs/data.h5]\n"
@@ -39,7 +40,12 @@ def test_run_file_reports_every_problem_at_once(tmp_path: Path) -> None:
     )
     with pytest.raises(WorkloadError) as err:
         load_run_file(path, environ={})
-    assert "chekpoint_dir: unknown key" in str(err.value)  # the schema first, alone
+    first = str(err.value)
+    # A key the schema refuses does not hide the files the well-formed keys name.
+    assert first.startswith(f"invalid run {path}: 3 problem(s)"), first
+    assert "chekpoint_dir: unknown key" in first
+    assert "script: 'nope.py' is not a file in workdir" in first
+    assert "env_file: " in first
     (path.parent / "ups-run.yaml").write_text(
         "script: nope.py\ncheckpoint_dir: ../out\ndata: [/abs/data.h5]\n"
         "env: [NOT_SET_ANYWHERE_1, 9bad, UPS_RESUME]\nenv_file: missing.env\n"

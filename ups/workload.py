@@ -193,6 +193,10 @@ def _check(w: ScriptWorkload, environ: Mapping[str, str], local: bool) -> list[s
     return problems
 
 
+_PATH_KEYS = ("script", "workdir", "env_file")
+"""Keys naming files checked even when other keys are refused (errors all at once)."""
+
+
 def _pydantic_problems(err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
@@ -220,11 +224,26 @@ def load_run_file(
         raise WorkloadError(source, [f"not valid YAML: {err}"]) from None
     if not isinstance(raw, dict):
         raise WorkloadError(source, ["must be a mapping with at least `script: PATH`"])
+    base = path.parent
     try:
         model = _RunFile.model_validate(raw)
     except ValidationError as err:
-        raise WorkloadError(source, _pydantic_problems(err)) from None
-    base = path.parent
+        # Every problem at once: what the schema refuses, and what the well-formed keys
+        # name that is not there (a missing workdir, script or env_file).
+        problems = _pydantic_problems(err)
+        refused = {p.split(":", 1)[0].split(".", 1)[0] for p in problems}
+        known = {k: v for k, v in raw.items() if k in _PATH_KEYS and k not in refused}
+        if isinstance(known.get("script", ""), str) and all(
+            isinstance(v, str) for v in known.values()
+        ):
+            partial = ScriptWorkload(
+                script=known.get("script", ""),
+                workdir=base / known.get("workdir", "."),
+                env_file=(base / known["env_file"]) if "env_file" in known else None,
+            )
+            found = _check(partial, environ, local)
+            problems += [p for p in found if p.split(":", 1)[0] in known]
+        raise WorkloadError(source, problems) from None
     workdir = base / model.workdir
     workload = ScriptWorkload(
         script=model.script,
