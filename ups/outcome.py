@@ -92,6 +92,12 @@ class Outcome:
     """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
     ``pending`` (on this host only) and whether the final upload completed."""
 
+    @property
+    def at_step(self) -> str:
+        """`` at step N`` for a message, or nothing when no step is known (a script run:
+        ups sees no step inside it)."""
+        return "" if self.step is None else f" at step {self.step}"
+
     def to_json(self) -> str:
         return jsonio.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 

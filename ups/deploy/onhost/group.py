@@ -112,7 +112,7 @@ def _rank0_outcome(head: Member) -> str:
         conn.close()
     if outcome is None:
         return "rank 0 wrote no outcome.json"
-    return f"rank 0: {outcome.outcome} at step {outcome.step}: {outcome.reason}"
+    return f"rank 0: {outcome.outcome}{outcome.at_step}: {outcome.reason}"
 
 
 def _prepare_all(members: list[Member], env: dict[str, str]) -> None:

@@ -242,7 +242,7 @@ def status(
         target.say(f"  {note}")
     if state.outcome is not None:
         o = state.outcome
-        target.say(f"  outcome: {o.outcome} (exit {o.exit_code}) at step {o.step}: {o.reason}")
+        target.say(f"  outcome: {o.outcome} (exit {o.exit_code}){o.at_step}: {o.reason}")
     if state.last_line:
         target.say(f"  last event: {render_line(state.last_line, colors=target.out.isatty())}")
     return 0
@@ -277,7 +277,7 @@ def stop(
         conn.close()
     if outcome is not None:
         target.say(
-            f"run {found.run_id}: {outcome.outcome} (exit {code}) at step {outcome.step}; "
+            f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; "
             f"checkpoint {outcome.checkpoint}"
         )
     return 0 if outcome is not None and outcome.outcome in ("preempted", "finished") else 1

@@ -191,9 +191,7 @@ def settle(
             )
     last = state.outcome
     ended = (
-        f"{last.outcome} at step {last.step}"
-        if last
-        else f"crashed (launcher exit {state.exit_code})"
+        f"{last.outcome}{last.at_step}" if last else f"crashed (launcher exit {state.exit_code})"
     )
     target.say(
         f"continuing run {plan.run_id} on {spec.name} (it {ended}); "
