@@ -40,22 +40,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from ups import jsonio
+from ups import exitcodes, jsonio
 from ups.fsio import atomic_write_text
 
 OUTCOME_FILE = "outcome.json"
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-"""Bad config or data, reported before any process group started."""
-EXIT_NONFINITE = 65
-"""A loss, gradient or eval metric became NaN/inf (training.nonfinite=fail). Deterministic:
-rerunning the same config fails the same way. EX_DATAERR."""
-EXIT_SAVE_FAILED = 74
-"""Rank 0 could not write a checkpoint (disk full, I/O error, permissions); every rank
-stopped. Fix the disk, then resume. EX_IOERR."""
-EXIT_PREEMPTED = 75
-"""SIGTERM received (docker stop, Vast preemption); a checkpoint was written. EX_TEMPFAIL."""
+# A run's exit codes; what each means: ups.exitcodes (docs/reference/exit-codes.md).
+EXIT_OK = exitcodes.OK.code
+EXIT_FAILED = exitcodes.FAILED.code
+EXIT_CONFIG = exitcodes.USAGE.code
+EXIT_NONFINITE = exitcodes.NONFINITE.code  # EX_DATAERR
+EXIT_SAVE_FAILED = exitcodes.SAVE_FAILED.code  # EX_IOERR
+EXIT_PREEMPTED = exitcodes.PREEMPTED.code  # EX_TEMPFAIL
 
 Kind = Literal["finished", "failed", "preempted"]
 

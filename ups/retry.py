@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ups import exitcodes
 from ups.bucket.store import BucketError, BucketUnreachable
 from ups.outcome import EXIT_CONFIG, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SAVE_FAILED, Outcome
 
@@ -42,7 +43,7 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
     RetryRule(
         "stopped",
         True,
-        (129, 130, 143),
+        exitcodes.STOPPED_BY_SIGNAL,
         "ups launch got SIGHUP/SIGINT/SIGTERM outside training (preflight, startup, "
         "wrap-up): no checkpoint of that moment",
     ),

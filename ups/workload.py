@@ -34,10 +34,11 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from ups import scriptenv
 from ups.bucket.store import parse_url
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-RESERVED_ENV = ("UPS_CHECKPOINT_DIR", "UPS_RESUME", "UPS_RUN_ID", "UPS_RUN_DIR")
+RESERVED_ENV = scriptenv.RESERVED
 
 
 class WorkloadError(ValueError):
@@ -56,28 +57,55 @@ def _bucket_url(url: str) -> str:
 
 
 class _Sync(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """``checkpoint_sync:`` of a run file: ups uploads the script's checkpoints."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     url: Annotated[str, AfterValidator(_bucket_url)]
+    """``s3://bucket/prefix``: ups uploads the newest committed checkpoint to
+    ``<url>/<run id>/`` and restores it into ``checkpoint_dir`` on a new host."""
     endpoint_url: str | None = None
+    """The S3 API endpoint of a store other than AWS (R2, B2, MinIO...)."""
     credentials: Literal["auto", "scoped", "account"] = "auto"
+    """What a rented host gets to reach the bucket: ``auto`` and ``scoped``, keys minted
+    for the run (its prefix only, short-lived); ``account``, this machine's own keys."""
 
 
 class _RunFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A run file (``ups-run.yaml``): your own script and what it needs (docs/script.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     script: str
+    """The script torchrun runs, relative to ``workdir``."""
     args: list[str] = Field(default_factory=list)
+    """Its arguments (replaced by those after ``--`` on the command line, or
+    ``--script-args``)."""
     workdir: str = "."
+    """The project directory, relative to the run file; deploy syncs it to the host as
+    changed files only, honouring ``.gitignore``."""
     setup: list[str] = Field(default_factory=list)
+    """Shell commands run in ``workdir`` on the host before the run, once per content of
+    the files they name (``pip install -r requirements.txt``)."""
     env: list[str] = Field(default_factory=list)
+    """Names of secrets the script reads; values come from this machine's environment or
+    ``env_file`` and never travel on a command line or into a log."""
     env_file: str | None = None
+    """``NAME=VALUE`` lines, relative to the run file, read for ``env``."""
     checkpoint_dir: str | None = None
+    """Where the script saves checkpoints, relative to ``workdir`` (``UPS_CHECKPOINT_DIR``);
+    default: ``<run dir>/checkpoints``."""
     data: list[str] = Field(default_factory=list)
+    """Paths, relative to ``workdir``, that must exist before the run starts."""
     include: list[str] = Field(default_factory=list)
+    """Patterns synced even when ``.gitignore`` leaves them out."""
     exclude: list[str] = Field(default_factory=list)
+    """Patterns never synced."""
     stop_grace_s: int | None = Field(None, ge=1)
+    """Seconds between SIGTERM and SIGKILL of the ranks: the time the script has to save;
+    default: ``distributed.stop_grace_s``'s."""
     checkpoint_sync: _Sync | None = None
+    """Upload checkpoints to a bucket and restore them on a new host."""
 
 
 @dataclass(frozen=True, kw_only=True)

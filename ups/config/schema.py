@@ -31,7 +31,10 @@ Layout = Literal["single_1d", "darcy_2d", "groups_2d"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # The docstring under each field is its description (the generated reference's too).
+    model_config = ConfigDict(
+        extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True
+    )
 
 
 RunId = Annotated[str, AfterValidator(validate_run_id)]
@@ -342,6 +345,8 @@ class FaultConfig(_Strict):
     step: int = Field(ge=0)
     """The global step (0-based) in which the fault fires."""
     point: FaultPoint = "start"
+    """Where in the step it fires: ``start``, ``forward``, ``backward``, ``pack``, ``clip``,
+    ``optimizer``, ``scheduler``, or ``loader`` (see FaultPoint)."""
 
     @model_validator(mode="after")
     def _pause_in_the_step(self) -> FaultConfig:

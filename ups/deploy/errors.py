@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TextIO
 
-EXIT_USAGE = 2
-"""A run config, hosts file or flag is wrong; the message names the key and the fix."""
-EXIT_DEPLOY = 3
-"""Deploy could not reach, verify or set up the host; nothing was started."""
-EXIT_PREFLIGHT = 4
-"""Remote preflight failed; nothing was started."""
-EXIT_INTERRUPTED = 130
-"""Ctrl-C: only following stopped; a started run keeps going."""
+from ups import exitcodes
+
+# What each means: ups.exitcodes (docs/reference/exit-codes.md).
+EXIT_USAGE = exitcodes.USAGE.code
+EXIT_DEPLOY = exitcodes.DEPLOY.code
+EXIT_PREFLIGHT = exitcodes.REMOTE_PREFLIGHT.code
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED.code
 
 
 class DeployError(Exception):

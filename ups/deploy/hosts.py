@@ -62,7 +62,8 @@ SafeWord = Annotated[str, AfterValidator(_shell_safe)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # The docstring under each field is its description (the generated reference's too).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class SshHost(_Strict):
@@ -71,6 +72,7 @@ class SshHost(_Strict):
     name: str = ""
     """The key in hosts.yaml (filled in by the loader)."""
     user: str | None = None
+    """Login user; default: ``~/.ssh/config``'s, else yours (``root`` on a rented host)."""
     key: str | None = None
     """Private key file; default: the ssh agent and ``~/.ssh/id_*``."""
     image: SafeWord = "ups:latest"
@@ -89,7 +91,9 @@ class SshHost(_Strict):
     ssh_config: str | None = None
     """OpenSSH client config to read aliases from (default: ``~/.ssh/config``)."""
     connect_timeout: float = Field(10.0, gt=0)
+    """Seconds to wait for the SSH connection (each attempt)."""
     keepalive_s: int = Field(5, ge=1)
+    """SSH keepalive interval: a dead connection is noticed within a few of these."""
 
     @model_validator(mode="before")
     @classmethod
@@ -113,6 +117,7 @@ class AddressedHost(SshHost):
     host: str = ""
     """Address or ``~/.ssh/config`` alias (its HostName, Port, User, IdentityFile apply)."""
     port: int | None = Field(None, ge=1, le=65535)
+    """SSH port; default: ``~/.ssh/config``'s, else 22."""
     jump: str | None = None
     """Jump host as ``user@host:port`` (like ``ssh -J``)."""
 
@@ -129,18 +134,22 @@ class ContainerHost(AddressedHost):
     """``kind: container``: the host runs the ups image itself; ups runs over SSH."""
 
     kind: Literal["container"] = "container"
+    """The default kind: ups is installed on the host (its image, or a venv) and runs there."""
 
 
 class DockerHost(AddressedHost):
     """``kind: docker``: a machine with a Docker daemon; the image is shipped, compose runs it."""
 
     kind: Literal["docker"] = "docker"
+    """A Docker daemon on the host runs the image with compose."""
     registry: str | None = None
     """Push ``image`` here and pull it remotely instead of shipping layers."""
     compose_files: list[SafeWord] = Field(default_factory=lambda: ["docker-compose.yml"])
     """Local compose files, uploaded into ``workdir`` (``-f`` in this order)."""
     compose_service: SafeWord = "train-ddp"
+    """The compose service that trains."""
     preflight_service: SafeWord = "preflight"
+    """The compose service that runs preflight before it."""
     container_user: SafeWord | None = "1000:1000"
     """uid:gid the image runs as; deploy chowns the runs directory to it."""
     runs_dir: SafeWord = "runs"
@@ -154,6 +163,7 @@ class VastHost(SshHost):
     ups/deploy/managed/, docs/vast.md)."""
 
     kind: Literal["vast"] = "vast"
+    """ups rents an instance on Vast.ai for each run and ends it afterwards."""
     # -- the rental: what to rent, for how long, what to do with it (one block) --
     offer: str | None = None
     """Offer query in `vastai search offers` syntax (``gpu_name=RTX_4090 num_gpus=2``)."""
@@ -165,11 +175,14 @@ class VastHost(SshHost):
     max_price_per_hour: float | None = Field(None, gt=0)
     """Price cap in $/h (``dph_total`` on demand, the bid when interruptible)."""
     disk_gb: float = Field(32.0, gt=0)
+    """Disk to rent with the instance, in GB."""
     interruptible: bool | float = False
     """``true`` bids the offer's minimum bid; a number bids that many $/h."""
     max_hours: float = Field(12.0, gt=0)
     """The instance-side watchdog stops the run and ends the instance after this."""
     on_exit: Literal["destroy", "stop", "keep"] = "destroy"
+    """What happens to the instance when the run ends: ``destroy`` it, ``stop`` it (its
+    disk stays, and is billed), or ``keep`` it running."""
     setup: str | None = None
     """Shell command run in ``workdir`` before preflight (e.g. fetch the data)."""
     vast_url: str | None = None
@@ -241,6 +254,7 @@ class SlurmHost(AddressedHost):
     live there."""
 
     kind: Literal["slurm"] = "slurm"
+    """The host is a Slurm login node; the run is one batch job."""
     nodes: int = Field(1, ge=1)
     """Nodes the job asks for (``--nodes``); one ``ups launch`` node agent on each."""
     ranks_per_node: int | None = Field(None, ge=1)
@@ -251,10 +265,13 @@ class SlurmHost(AddressedHost):
     cpus_per_task: int | None = Field(None, ge=1)
     """CPUs for each node's agent and its ranks (``--cpus-per-task``)."""
     partition: SafeWord | None = None
+    """Slurm partition (``--partition``); default: the cluster's."""
     time: str | None = None
     """Time limit (``--time``), e.g. ``30``, ``2:00:00``, ``1-12:00:00``."""
     account: SafeWord | None = None
+    """Slurm account charged (``--account``)."""
     qos: SafeWord | None = None
+    """Slurm quality of service (``--qos``)."""
     sbatch_options: list[str] = Field(default_factory=list)
     """More ``#SBATCH`` lines, e.g. ``--constraint=a100`` or ``--exclude=node7``."""
     signal_before_end_s: int = Field(120, ge=10)
@@ -265,7 +282,7 @@ class SlurmHost(AddressedHost):
     """``--requeue``: a preempted or timed-out job comes back and resumes exactly."""
     max_pending_s: float = Field(1800.0, gt=0)
     """`fab deploy` cancels a job still pending after this long (with Slurm's reason) and
-    exits 5: a request the cluster cannot meet is never waited on silently."""
+    exits 6: a request the cluster cannot meet is never waited on silently."""
     poll_s: float = Field(1.0, gt=0)
     """How often `fab deploy` asks Slurm about a pending job."""
 
@@ -332,7 +349,10 @@ together."""
 
 class HostsFile(_Strict):
     known_hosts: str = str(DEFAULT_KNOWN_HOSTS)
+    """Host keys ups recorded on first contact (its own file; ``UPS_KNOWN_HOSTS`` wins). A
+    host that later shows another key is refused."""
     hosts: dict[str, _Entry] = Field(default_factory=dict)
+    """Hosts by name (``--host NAME``); each entry's ``kind`` picks its keys."""
     groups: dict[str, list[str]] = Field(default_factory=dict)
     """Named host lists for one job on several hosts (``fab deploy --host GROUP``); the
     first host is node 0, which hosts the rendezvous."""

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ups import jsonio
+from ups import jsonio, scriptenv
 from ups.config import Config
 from ups.config.schema import DistributedConfig
 from ups.grace import shutdown_timeout_s
@@ -225,8 +225,8 @@ def _worker_env(
         # 3 (tear down without abort) is torch's default; set it so a user's stale 0 cannot
         # turn a dead peer into a hang.
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"),
-        "UPS_RUN_ID": run_id,
-        "UPS_RUN_DIR": run_dir,
+        scriptenv.RUN_ID.name: run_id,
+        scriptenv.RUN_DIR.name: run_dir,
     }
     if gpu_count == 0 and "OMP_NUM_THREADS" not in environ:
         env["OMP_NUM_THREADS"] = "1"
@@ -247,7 +247,7 @@ def _script_env(req: LaunchRequest, run_dir: Path) -> dict[str, str]:
     if req.script is None:
         return {}
     directory = Path(req.checkpoint_dir) if req.checkpoint_dir else run_dir / "checkpoints"
-    return {"UPS_CHECKPOINT_DIR": str(directory.absolute())}
+    return {scriptenv.CHECKPOINT_DIR.name: str(directory.absolute())}
 
 
 def build_plan(

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
+from ups import scriptenv
 from ups.fsio import atomic_write_text
 from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
@@ -257,7 +258,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     request = Path(plan.run_dir) / STOP_REQUEST_FILE
     request.unlink(missing_ok=True)  # an earlier attempt's stop is not this one's
     cmd = [sys.executable, "-m", "ups.launch.torchrun_child", str(result_path), *plan.torchrun_argv]
-    env = {**os.environ, **plan.env, "UPS_ATTEMPT": str(attempt)}
+    env = {**os.environ, **plan.env, scriptenv.ATTEMPT.name: str(attempt)}
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)

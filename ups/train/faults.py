@@ -19,13 +19,13 @@ from typing import get_args
 import torch
 from pydantic import ValidationError
 
+from ups import scriptenv
 from ups.config import FaultConfig
 from ups.config.schema import FaultKind, FaultPoint
 from ups.log import get_logger
 
 ENV_VAR = "UPS_FAULTS"
-ATTEMPT_VAR = "UPS_ATTEMPT"
-"""Set by ``ups launch`` for each torchrun attempt (1, 2, ...)."""
+ATTEMPT_VAR = scriptenv.ATTEMPT.name
 log = get_logger("faults")
 
 

@@ -13,6 +13,7 @@ import signal
 import threading
 from types import FrameType
 
+from ups import scriptenv
 from ups.grace import requested_stop
 
 
@@ -25,7 +26,7 @@ class StopFlag:
         return self._event.is_set()
 
     def _handler(self, signum: int, _frame: FrameType | None) -> None:
-        sent = requested_stop(os.environ.get("UPS_RUN_DIR"))
+        sent = requested_stop(os.environ.get(scriptenv.RUN_DIR.name))
         self.signal_name = sent or signal.Signals(signum).name
         self._event.set()
 

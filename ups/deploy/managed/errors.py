@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
+from ups import exitcodes
 from ups.deploy.errors import DeployError
 
-EXIT_INSTANCE = 7
-"""The instance never became usable (image pull, never running, SSH never answering); for
-bad hosts, after ``max_offers`` machines failed, each named with its failure."""
-EXIT_RECOVERIES = 8
-"""The run lost its instance more than ``max_recoveries`` times, or ``max_hours`` ran out
-across instances; every instance was ended, the checkpoints are in the local run dir."""
-EXIT_INTERRUPTED = 130
-"""Ctrl-C or SIGTERM locally; the instance was ended per ``on_exit`` first."""
+# What each means: ups.exitcodes (docs/reference/exit-codes.md).
+EXIT_INSTANCE = exitcodes.INSTANCE_UNUSABLE.code
+EXIT_RECOVERIES = exitcodes.RECOVERIES_EXHAUSTED.code
+EXIT_INTERRUPTED = exitcodes.INTERRUPTED.code
 
 
 class InstanceFailed(DeployError):

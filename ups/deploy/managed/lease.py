@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from ups import jsonio
+from ups import exitcodes, jsonio
 from ups.deploy.errors import DeployError, UsageError
 from ups.fsio import atomic_write_text
 
@@ -71,11 +71,8 @@ read-then-write round trip of a rival, so two cannot both keep it."""
 STOP_SIGNAL = signal.SIGUSR2
 """What the renewal thread of a lease taken with ``stop_main`` sends the main thread once
 the lease is lost (SIGUSR1 is the trainer's stack dump)."""
-EXIT_SUPERVISED = 20
-"""Another live supervisor holds the run's lease; nothing was done."""
-EXIT_LEASE_LOST = 21
-"""This supervisor lost the run's lease to another (it could not renew it in time, e.g. the
-laptop slept): it stopped acting; the run goes on under the new holder."""
+EXIT_SUPERVISED = exitcodes.SUPERVISED_ELSEWHERE.code
+EXIT_LEASE_LOST = exitcodes.LEASE_LOST.code
 
 
 class LeaseHeld(DeployError):

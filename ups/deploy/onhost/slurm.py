@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
-from ups import jsonio
+from ups import exitcodes, jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
@@ -27,7 +27,7 @@ from ups.deploy.transport import slurm as sl
 from ups.deploy.transport.session import Target, run, write_text
 from ups.workload import ScriptWorkload
 
-EXIT_NOT_SCHEDULED = 6
+EXIT_NOT_SCHEDULED = exitcodes.NOTHING_TO_RUN_ON.code
 """The job stayed pending for ``max_pending_s`` and was cancelled (as a provider's "no
 offer": the resources asked for were not to be had)."""
 

@@ -13,15 +13,13 @@ import enum
 import importlib
 from typing import Any, Protocol
 
+from ups import exitcodes
 from ups.deploy.errors import DeployError
 
 LABEL_PREFIX = "ups:"
 
-EXIT_PROVIDER_API = 5
-"""The provider's API refused or could not answer (no key, key rejected, rate limited, bad
-query)."""
-EXIT_NO_OFFER = 6
-"""No offer matched the query under the price cap; nothing was created."""
+EXIT_PROVIDER_API = exitcodes.PROVIDER_API.code
+EXIT_NO_OFFER = exitcodes.NOTHING_TO_RUN_ON.code
 
 
 class ProviderApiError(DeployError):
