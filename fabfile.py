@@ -164,7 +164,11 @@ def instances(
     _exit("instances", host=host, hosts_file=hosts_file, ledger=ledger)
 
 
-@task(help={**_HOST, "run": HELP["down-run"]})
+@task(**_OPTS, help={**_HOST, "run": HELP["down-run"]})
 @_described("down")
-def down(c: Any, host: str, run: str | None = None, hosts_file: str | None = None) -> None:
+def down(
+    c: Any, host: str | None = None, run: str | None = None, hosts_file: str | None = None
+) -> None:
+    if host is None:  # what `ups down` says too; an option, so `fab down --help` shows help
+        raise Exit("fab down: --host is required (a kind: vast entry of hosts.yaml)", code=2)
     _exit("down", host=host, run=run, hosts_file=hosts_file)
