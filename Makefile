@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo try-deploy test test-fast test-durations lint bench clean
+.PHONY: venv demo try-deploy test test-fast test-durations lint bench clean docs docs-check
 
 $(STAMP): pyproject.toml
 	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
@@ -46,8 +46,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The docs site (docs/, Sphinx + MyST): built strictly, then served on http://127.0.0.1:8000
+# until Ctrl-C. docs-check is the strict build alone (scripts/test.sh runs it).
+docs: docs-check
+	$(BIN)/python -m http.server --bind 127.0.0.1 --directory docs/_build/html 8000
+
+docs-check: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+
 bench: $(STAMP)
 	bash benchmarks/run_all.sh
 
 clean:
-	rm -rf $(VENV) runs data cache
+	rm -rf $(VENV) runs data cache docs/_build

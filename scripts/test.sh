@@ -55,6 +55,10 @@ echo "== mypy"
 $BIN/mypy
 echo "== import contract (pyproject.toml [tool.importlinter]: imports only go downward)"
 $BIN/lint-imports --no-cache
+echo "== docs site (sphinx -W: a broken link or anchor, a missing page fails; make docs serves it)"
+docs_out=$(mktemp -d)
+$BIN/sphinx-build -W --keep-going -n -q -b html docs "$docs_out"
+rm -rf "$docs_out"
 echo "== the ups:cpu image (built in the background since the linters started)"
 if ! wait "$build_pid"; then
     tail -n 40 "$build_log" >&2
