@@ -10,13 +10,13 @@ environment page does not describe.
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from pydantic import BaseModel
 
+from tests.repo_scripts import script
 from ups import ckpt, exitcodes, scriptenv, workload
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.launch.scriptrun import with_resume
@@ -25,13 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "docs_reference", REPO / "scripts/docs-reference.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("docs-reference")
 
 
 def test_committed_reference_pages_are_what_the_code_gives() -> None:
