@@ -2,7 +2,7 @@
 terminal of a given width, and read back what it drew (``tmux capture-pane``), without
 colours or the live redraws of progress lines.
 
-Used by scripts/readme-preflight.py and scripts/readme-stop.py.
+Used by scripts/captures.py.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from tests.deploy_fixtures import (
     start_sshd,
     stop_sshd,
 )
+from tests.repo_scripts import captures
 
 __all__ = ["demo_data", "sshd"]  # fixtures used by name below
 
@@ -325,6 +326,8 @@ def test_changed_host_key_is_refused(tmp_path: Path) -> None:
         stop_sshd(other)
     assert second.returncode == 3
     assert f"host key for [127.0.0.1]:{server.port} CHANGED" in second.stderr
+    # docs/deploy.md shows this message from this run (UPS_CAPTURES=rewrite writes it there).
+    assert captures().check("host-key-changed", second.stderr) == []
     assert second.stderr.count("SHA256:") == 2
     assert "ssh-keygen -R" in second.stderr
 

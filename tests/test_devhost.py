@@ -3,22 +3,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 import yaml
 
 from tests.deploy_fixtures import demo_data, free_port
+from tests.repo_scripts import captures
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -43,33 +41,6 @@ def _wait_for_step(log: Path, step: int, timeout: float = 240) -> None:
             return
         time.sleep(0.5)  # polling the remote log file, bounded by the deadline
     raise AssertionError(f"no train_step {step} in {log} within {timeout} s")
-
-
-def _readme_demo_script() -> Any:
-    spec = importlib.util.spec_from_file_location("readme_demo", REPO / "scripts/readme-demo.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _assert_readme_numbers(metrics: dict[str, float]) -> None:
-    """The README's demo capture and prose quote what the demo config gives on this machine
-    (scripts/readme-demo.py regenerates both from a run)."""
-    readme = (REPO / "README.md").read_text()
-    capture = readme.split("<!-- readme-demo:capture -->", 1)[1].split("```")[1]
-    for task in ("advection", "darcy"):
-        row = re.search(rf"│ {task}\s*│\s*([0-9.]+) │\s*([0-9.]+) │", capture)
-        assert row, f"README capture has no {task} row"
-        got = (
-            f"{metrics[f'eval/{task}/rel_l2']:.4f}",
-            f"{metrics[f'eval/{task}/baseline_rel_l2']:.4f}",
-        )
-        assert row.groups() == got, (
-            f"README {task}: {row.groups()}, the demo gives {got}: "
-            "run `.venv/bin/python scripts/readme-demo.py`"
-        )
-    assert _readme_demo_script().prose(metrics) in readme
 
 
 def _alive_under(root: Path) -> list[str]:
@@ -138,7 +109,9 @@ def test_dev_host_deploy_round_trip_then_down_leaves_nothing(
         fetched = REPO / "runs" / run_id
         outcome = json.loads((fetched / "outcome.json").read_text())
         assert outcome["outcome"] == "finished" and outcome["resumed_from"], outcome
-        _assert_readme_numbers(outcome["metrics"])
+        # The README's demo capture and prose quote what the demo config gives here.
+        differences = captures().check("demo", json.dumps(outcome["metrics"]))
+        assert differences == [], f"{differences}: run `.venv/bin/python scripts/captures.py demo`"
 
         # A run still training when the host goes down is ended with it (held asleep at
         # step 6 until then by a pause fault, not training flat out on this machine).

@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ import pytest
 import yaml
 
 from tests.deploy_fixtures import shared_demo_data
+from tests.repo_scripts import captures
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -213,12 +213,9 @@ def test_image_runs_torch_and_a_two_process_gloo_torchrun(image: str, tmp_path: 
     assert labels["io.ups.pins.torch"] == "2.13.0"
     assert labels["io.ups.pins.python"] == "3.11"  # the CPU base's, pins.toml [image.cpu]
 
-    # The size the README quotes is this image's (scripts/readme-image.py rewrites it).
-    size = subprocess.run(
-        [sys.executable, str(ROOT / "scripts/readme-image.py"), "--check", "--image", image],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert size.returncode == 0, size.stderr
+    # The size the README quotes is this image's (scripts/captures.py image makes it again).
+    capture = captures()
+    assert capture.check("image", capture.image_size(image)) == []
 
 
 def test_a_base_that_differs_from_pins_toml_stops_the_build(image: str, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import REPO, parse_events, worker_env
 from tests.launch_helpers import launch_cmd, outcome_of, run_launch, wait_for_event, write_script
-from tests.test_newcomer_readme import readme_script
+from tests.repo_scripts import captures
 from ups.launch.ranklogs import printed_exception
 
 PLAIN_RAISE_ON_RANK1 = """
@@ -186,10 +186,10 @@ def test_ctrl_c_is_named_sigint_with_one_step_number(
     table = re.search(r"steps +│ (\d+)/(\d+), 0 skipped", seen)
     assert progress and table, seen[-3000:]
     assert progress[-1] == table.groups() and int(table[1]) == step, (progress[-3:], table[0])
-    # The README's Ctrl-C capture tells the same story (scripts/readme-stop.py rewrites it).
-    assert readme_script("readme-stop").differences((REPO / "README.md").read_text(), seen) == [], (
+    # The README's Ctrl-C capture tells the same story (scripts/captures.py stop makes it).
+    assert captures().check("stop", seen) == [], (
         "the README's Ctrl-C capture is not what ups prints: "
-        "run `.venv/bin/python scripts/readme-stop.py`"
+        "run `.venv/bin/python scripts/captures.py stop`"
     )
     for rank in (0, 1):
         stops = [e for e in parse_events((run_dir / "logs" / f"rank{rank}.jsonl").read_text())

@@ -6,35 +6,23 @@ test fails when the README drifts from what works.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from tests.deploy_fixtures import demo_data, free_port
+from tests.repo_scripts import captures
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 __all__ = ["demo_data"]  # fixture used by name below
-
-
-def readme_script(name: str) -> Any:
-    """``scripts/<name>.py`` as a module (its name has a dash)."""
-    spec = importlib.util.spec_from_file_location(
-        name.replace("-", "_"), REPO / f"scripts/{name}.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def readme_after_demo_block() -> list[str]:
@@ -110,11 +98,11 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
     assert data_check.count('"data_ok"') == 2, data_check  # both demo tasks
     assert "preflight OK" in preflight, preflight
     # The README's preflight capture is this command's table, numbers aside.
-    capture = readme_script("readme-preflight")
-    assert commands[2] == capture.COMMAND
-    assert capture.differences((REPO / "README.md").read_text(), preflight) == [], (
+    capture = captures()
+    assert commands[2] == capture.PREFLIGHT_COMMAND
+    assert capture.check("preflight", preflight) == [], (
         "the README's preflight capture is not what ups prints: "
-        "run `.venv/bin/python scripts/readme-preflight.py`"
+        "run `.venv/bin/python scripts/captures.py preflight`"
     )
     assert '"nproc_per_node"' in plan or "torchrun" in plan, plan
 
@@ -132,10 +120,9 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
 def test_the_preflight_capture_check_ignores_numbers_and_wrapping_but_not_words() -> None:
     """The check above passes the README's capture unwrapped with other numbers (another
     machine, port, second), and fails on a changed message, status or row."""
-    capture = readme_script("readme-preflight")
-    readme = (REPO / "README.md").read_text()
-    table = capture.CAPTURE.search(readme).group(2)
-    rows = capture.rows(table)
+    capture = captures()
+    table = capture.quoted("preflight")
+    rows = capture.preflight_rows(table)
     cells = [("CHECK", "STATUS", "VALUE", "MESSAGE"), *rows[:-1]]
     widths = [max(len(row[i]) for row in cells) + 2 for i in range(3)]
     unwrapped = "\n".join(
@@ -143,7 +130,7 @@ def test_the_preflight_capture_check_ignores_numbers_and_wrapping_but_not_words(
         for row in cells
     )  # one row per line, as off a terminal
     other_numbers = re.sub(r"\d", "7", f"{unwrapped}\n\n{rows[-1][0]}")
-    assert capture.differences(readme, other_numbers) == []
+    assert capture.preflight_differences(table, other_numbers) == []
     for before, after in [("is free", "is taken"), ("PASS", "WARN"), ("cache ", "caches ")]:
         changed = other_numbers.replace(before, after, 1)
-        assert capture.differences(readme, changed) != [], (before, after)
+        assert capture.preflight_differences(table, changed) != [], (before, after)
