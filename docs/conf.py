@@ -25,6 +25,9 @@ exclude_patterns = ["_build"]
 # and a link to a heading that does not exist is a warning (an error under -W).
 myst_heading_anchors = 4
 myst_enable_extensions = ["attrs_inline"]
+# Text as written: "--script" stays two hyphens (a reader searches for the flag as typed),
+# quotes stay straight.
+smartquotes = False
 html_theme = "furo"
 html_title = "ups"
 html_static_path: list[str] = []

@@ -22,10 +22,14 @@ the fix is to run it and commit the pages.
 from __future__ import annotations
 
 import argparse
+import ast
 import enum
 import importlib
+import inspect
+import itertools
 import re
 import sys
+import textwrap
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -247,16 +251,41 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def field_docs(model: type[BaseModel]) -> dict[str, str]:
+    """The docstring under each field of ``model`` and of its bases, read from their
+    source (torchtitan's convention, and ups's): pydantic's ``use_attribute_docstrings``
+    would do the same at every import, a cost the commands that load a config would pay
+    for the docs' sake."""
+    docs: dict[str, str] = {}
+    for cls in reversed(model.__mro__):
+        if not issubclass(cls, BaseModel) or cls is BaseModel:
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for stmt, after in itertools.pairwise(body.body):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
 def model_rows(
     model: type[BaseModel], prefix: str = "", skip: tuple[str, ...] = ()
 ) -> list[tuple[str, ...]]:
     """One row per key (nested models flattened to dotted keys). Raises naming any field
     without a description: every key a user writes is documented in the code."""
     rows = []
+    docs = field_docs(model)
     for name, field in model.model_fields.items():
         if name in skip:
             continue
-        if not field.description:
+        description = field.description or docs.get(name)
+        if not description:
             raise SystemExit(
                 f"{model.__module__}.{model.__name__}.{name} has no description: write a "
                 "docstring under the field (the reference is generated from it)"
@@ -264,7 +293,7 @@ def model_rows(
         key = f"{prefix}{name}"
         nested = _nested_model(field.annotation)
         kind = _type_name(field.annotation) + _bounds(field)
-        rows.append((f"`{key}`", kind, _default(field), field.description))
+        rows.append((f"`{key}`", kind, _default(field), description))
         if nested is not None:
             dot = ".N." if typing.get_origin(field.annotation) is list else "."
             rows += model_rows(nested, f"{key}{dot}")
@@ -285,13 +314,14 @@ def config_page() -> str:
         "(`--set training.lr=1e-4`). Unknown keys and wrong types are refused with the key's "
         "path, every problem at once (exit 2).\n",
     ]
+    docs = field_docs(Config)
     for name, field in Config.model_fields.items():
         nested = _nested_model(field.annotation)
-        parts.append(f"## `{name}`\n\n{_md(field.description or '')}\n")
+        parts.append(f"## `{name}`\n\n{_md(docs[name])}\n")
         if nested is None:
             parts.append(_table(("key", "type", "default", "what it does"),
                                 [(f"`{name}`", _type_name(field.annotation), _default(field),
-                                  field.description or "")]))  # fmt: skip
+                                  docs[name])]))  # fmt: skip
             continue
         dot = ".N." if typing.get_origin(field.annotation) is list else "."
         parts.append(_model_table(nested, f"{name}{dot}"))

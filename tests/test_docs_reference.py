@@ -43,7 +43,6 @@ def test_a_key_without_a_description_stops_the_generator() -> None:
     undocumented field is refused, naming it."""
 
     class Documented(BaseModel):
-        model_config = {"use_attribute_docstrings": True}
         size: int = 1
         """How big."""
         colour: str = "red"

@@ -59,7 +59,7 @@ def _bucket_url(url: str) -> str:
 class _Sync(BaseModel):
     """``checkpoint_sync:`` of a run file: ups uploads the script's checkpoints."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: Annotated[str, AfterValidator(_bucket_url)]
     """``s3://bucket/prefix``: ups uploads the newest committed checkpoint to
@@ -74,7 +74,7 @@ class _Sync(BaseModel):
 class _RunFile(BaseModel):
     """A run file (``ups-run.yaml``): your own script and what it needs (docs/script.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     script: str
     """The script torchrun runs, relative to ``workdir``."""

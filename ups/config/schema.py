@@ -31,10 +31,8 @@ Layout = Literal["single_1d", "darcy_2d", "groups_2d"]
 
 
 class _Strict(BaseModel):
-    # The docstring under each field is its description (the generated reference's too).
-    model_config = ConfigDict(
-        extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True
-    )
+    # The docstring under each field is its description (docs/reference/config.md).
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 RunId = Annotated[str, AfterValidator(validate_run_id)]

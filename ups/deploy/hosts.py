@@ -62,8 +62,8 @@ SafeWord = Annotated[str, AfterValidator(_shell_safe)]
 
 
 class _Strict(BaseModel):
-    # The docstring under each field is its description (the generated reference's too).
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # The docstring under each field is its description (docs/reference/hosts.md).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class SshHost(_Strict):
