@@ -33,6 +33,17 @@ def test_every_fab_task_is_an_ups_command() -> None:
     assert set(SUMMARY) - {"preflight"} <= set(COMMANDS)
 
 
+def test_no_fab_task_takes_a_positional_argument() -> None:
+    """Every fab task's options are flags, so `fab TASK --help` shows help (a positional
+    `host` took `--help` as a host's name: `fab down --help` said "unknown host")."""
+    from invoke import Task
+
+    import fabfile
+
+    tasks = {name: t for name, t in vars(fabfile).items() if isinstance(t, Task)}
+    assert tasks and not {name: t.positional for name, t in tasks.items() if t.positional}
+
+
 def test_ups_deploy_refuses_an_unsupported_option_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
