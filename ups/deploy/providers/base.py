@@ -609,9 +609,10 @@ class ComputeWithSelfDestruct(Protocol):
         ...
 
     def end_self(self, action: str) -> None:
-        """``destroy`` (or ``stop``) this very instance. A key that may not destroy makes
-        it stop instead (ending GPU billing). Raises :class:`ProviderApiError` when the
-        API cannot be reached (the watchdog tries again)."""
+        """``destroy`` (or ``stop``) this very instance. Raises :class:`ProviderApiError`:
+        kind ``KEY_MISSING`` when there is no key to act with, ``KEY_REJECTED`` when the key
+        may not do it (the watchdog then stops instead, which ends GPU billing), any other
+        when the API cannot answer (the watchdog tries again)."""
         ...
 
 
