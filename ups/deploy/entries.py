@@ -196,6 +196,13 @@ class RentedHost(SshHost):
     interruptible: bool | float = False
     """``true`` bids the offer's minimum bid; a number bids that many $/h for the instance
     (a provider that bids per GPU divides it)."""
+    failover: list[str] = Field(default_factory=list)
+    """Other rented entries of hosts.yaml, in order: when this entry's provider has no offer
+    under the cap, or ``max_offers`` of its hosts failed in a row, the same run continues on
+    the next one (another provider), from its newest checkpoint (docs/managed-runs.md)."""
+    no_offer_wait_s: float = Field(0.0, ge=0)
+    """Where no entry has an offer under the cap: wait this long and search again (within
+    ``max_hours``) instead of ending the run with exit 6; 0 ends it."""
     # -- how long, and what to do with it --
     max_hours: float = Field(12.0, gt=0)
     """The instance-side watchdog stops the run and ends the instance after this."""

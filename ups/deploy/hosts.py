@@ -14,21 +14,31 @@ Example entry (see configs/hosts.yaml)::
         workdir: /workspace/ups
         gpus: 2
 
-Each entry is read with the model of its ``kind`` (:mod:`ups.deploy.entries`); a key
-that belongs to another kind is refused naming the kinds it belongs to, and every
-problem of the file is listed in one error.
+Each entry is read with the model of its ``kind`` (:mod:`ups.deploy.entries`; a
+provider's kind with the model its package declares, through the registry
+:mod:`ups.deploy.providers`); a key that belongs to another kind is refused naming the
+kinds it belongs to, and every problem of the file is listed in one error.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
 import yaml
-from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationError
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
+from ups.deploy import providers
 from ups.deploy.entries import (
     AddressedHost,
     ContainerHost,
@@ -49,7 +59,6 @@ __all__ = [
     "RentedHost",
     "SlurmHost",
     "SshHost",
-    "VastHost",
     "get_host",
     "get_hosts",
     "load_hosts",
@@ -58,25 +67,13 @@ __all__ = [
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
-KindName = Literal["container", "docker", "vast", "slurm"]
-HOST_KINDS: tuple[KindName, ...] = ("container", "docker", "vast", "slurm")
-
-
-class VastHost(RentedHost):
-    """``kind: vast``: no address, ups rents one (ups/deploy/providers/vast/,
-    ups/deploy/managed/, docs/vast.md)."""
-
-    kind: Literal["vast"] = "vast"
-    vast_url: str | None = None
-    """API server (default: the SDK's, console.vast.ai)."""
-
-
 _MODELS: dict[str, type[SshHost]] = {
     "container": ContainerHost,
     "docker": DockerHost,
-    "vast": VastHost,
     "slurm": SlurmHost,
+    **providers.options_models(),  # kind: <provider>, one model per provider
 }
+HOST_KINDS: tuple[str, ...] = tuple(_MODELS)
 
 
 def _kind_of(model: type[SshHost]) -> str:
@@ -105,7 +102,12 @@ class _UnknownKind(AddressedHost):
     """An entry whose ``kind`` is none of the kinds: never valid, so its ``kind`` and every
     other wrong key are reported together."""
 
-    kind: KindName
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _one_of_the_kinds(cls, kind: str) -> str:
+        raise ValueError(f"kind {kind!r} is none of {', '.join(repr(k) for k in HOST_KINDS)}")
 
 
 def _kind_tag(entry: Any) -> str:
@@ -116,18 +118,19 @@ def _kind_tag(entry: Any) -> str:
     return kind if kind in HOST_KINDS else "unknown"
 
 
-HostSpec = ContainerHost | DockerHost | VastHost | SlurmHost
-"""One hosts.yaml entry: one model per kind."""
+HostSpec = ContainerHost | DockerHost | SlurmHost | RentedHost
+"""One hosts.yaml entry: one model per kind (a provider's entry is a :class:`RentedHost`)."""
 
 if TYPE_CHECKING:
     _Entry = HostSpec  # what a validated entry is: _UnknownKind never validates
 else:
     _Entry = Annotated[
-        Annotated[ContainerHost, _own_fields(ContainerHost), Tag("container")]
-        | Annotated[DockerHost, _own_fields(DockerHost), Tag("docker")]
-        | Annotated[VastHost, _own_fields(VastHost), Tag("vast")]
-        | Annotated[SlurmHost, _own_fields(SlurmHost), Tag("slurm")]
-        | Annotated[_UnknownKind, Tag("unknown")],
+        Union[
+            (
+                *(Annotated[m, _own_fields(m), Tag(k)] for k, m in _MODELS.items()),
+                Annotated[_UnknownKind, Tag("unknown")],
+            )
+        ],
         Discriminator(_kind_tag),
     ]
 """How an entry is read: the model of its ``kind`` (default container); a kind that is none
@@ -141,6 +144,21 @@ class HostsFile(StrictModel):
     groups: dict[str, list[str]] = Field(default_factory=dict)
     """Named host lists for one job on several hosts (``fab deploy --host GROUP``); the
     first host is node 0, which hosts the rendezvous."""
+
+    @model_validator(mode="after")
+    def _failover_entries(self) -> HostsFile:
+        problems = []
+        for name, spec in self.hosts.items():
+            for other in spec.failover if isinstance(spec, RentedHost) else ():
+                target = self.hosts.get(other)
+                if not isinstance(target, RentedHost) or other == name:
+                    problems.append(
+                        f"hosts.{name}.failover: {other!r} is not another rented entry "
+                        f"(kind: {' or '.join(providers.NAMES)}) of this file"
+                    )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 def hosts_file_path(path: str | Path | None = None) -> Path:

@@ -20,8 +20,8 @@ from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import endpoint_from_env
 from ups.bucket.scoped import Access
 from ups.config import Config, ConfigError, ConfigFileError, load_config
+from ups.deploy.entries import AddressedHost
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import AddressedHost
 from ups.deploy.transport import remote as rc
 from ups.runid import new_run_id, run_id_problem
 from ups.workload import ScriptWorkload

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from fabric import Connection
 
 from ups import jsonio
+from ups.deploy.entries import SlurmHost
 from ups.deploy.errors import DeployError, PreflightFailed
-from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan

@@ -58,6 +58,7 @@ __all__ = [
     "NAMES",
     "ORDER_MEASURED",
     "ORDER_PRICE",
+    "UNNAMED",
     "Account",
     "ApiErrorKind",
     "Backoff",
@@ -97,6 +98,9 @@ _PACKAGES = {
 }
 """The registry: a provider's name (its hosts.yaml ``kind``) -> its package."""
 NAMES = tuple(_PACKAGES)
+UNNAMED = "vast"
+"""Whose ids a record or ledger entry written before providers were named holds (the
+previous release rented from Vast only)."""
 
 
 def package(name: str) -> ProviderPackage:
