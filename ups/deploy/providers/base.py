@@ -319,7 +319,7 @@ class Offer:
         return price <= cap and (interruptible is False or price >= floor)
 
     def describe(self) -> str:
-        return f"{self.provider} offer {self.id}: {self.num_gpus}x {self.gpu_name} in {self.region}"
+        return f"offer {self.id}: {self.num_gpus}x {self.gpu_name} in {self.region}"
 
 
 ORDER_MEASURED = "measured"
