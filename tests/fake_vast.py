@@ -112,6 +112,8 @@ class Switches:
     boot_s: float = 0.5
     key_delay_s: float = 1.0
     container_key_can_destroy: bool = False
+    auth_error_status: int = 401
+    """The HTTP status of a refused key's ``auth_error`` answer (Vast sends 404 on some paths)."""
 
 
 @dataclass

@@ -78,7 +78,7 @@ def test_happy_path_provision_train_fetch_destroy(
     assert (run_dir / "logs" / "launch.log").stat().st_size > 0
     (inst,) = fake_vast.destroyed.values()
     assert f"destroyed instance {inst.id}" in out
-    assert inst.label == "ups:vast:vast-e2e"
+    assert inst.label == "ups:vast:vast-e2e@1"
     assert fake_vast.live() == [] and fake_vast.namespace_pids(inst) == []
     assert inst.billed_s["running"] > 0
     # The watchdog was armed from boot, with no key on its command line.

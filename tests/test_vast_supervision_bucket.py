@@ -53,7 +53,7 @@ def test_state_and_lease_live_in_the_bucket_too(s3_server: S3Server, tmp_path: P
     sup.rented("7001", "101", "1010", 0.5, provider="vast", host="vast", epoch=1)
     remote = bucket.get_bytes("r1/run.json")
     assert remote is not None and remote == sup.path.read_bytes()
-    assert json.loads(remote)["instances"][0]["machine_id"] == 1010
+    assert json.loads(remote)["instances"][0]["machine_id"] == "1010"
 
     first = Lease(tmp_path / "a" / "r1", "r1", "detached", bucket)
     first.take("fab logs --host vast --run r1")

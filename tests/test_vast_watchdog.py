@@ -69,3 +69,19 @@ def test_container_key_that_may_destroy_destroys(fake_vast: FakeVast) -> None:
                         ssh=True)  # fmt: skip
     assert fake_vast.wait_empty(timeout=120), "the watchdog did not destroy the instance"
     assert sdk.show_instances() == []
+
+
+def test_an_instance_no_run_started_on_ends_itself(fake_vast: FakeVast) -> None:
+    """An instance nobody set up (created by a supervisor that lost the run before it got
+    there) ends itself start_timeout_s after its boot, long before max_hours, with the
+    instance's own key: nothing bills past that bound without any laptop."""
+    fake_vast.switches.container_key_can_destroy = True
+    sdk = VastAI(api_key=fake_vast.api_key, server_url=fake_vast.url, retry=1, raw=True)
+    onstart = onstart_command(_spec(fake_vast, start_timeout_s=2), time.time() + 3600)
+    created = sdk.create_instance(id=102, image="ups", disk=32, label="ups:vast:lost@1",
+                                  onstart_cmd=onstart, ssh=True)  # fmt: skip
+    inst = fake_vast.instances[created["new_contract"]]
+    assert fake_vast.wait_empty(timeout=120), "the watchdog did not end the instance"
+    log = (inst.root / "disk" / "workspace" / ".ups" / "watchdog" / "watchdog.log").read_text()
+    assert "no run started within start_timeout_s" in log
+    assert inst.billed_s["running"] < 60  # boot, 2 s, the destroy: not max_hours
