@@ -157,3 +157,30 @@ def test_every_provider_says_a_rejected_key_in_the_same_words() -> None:
         return text
 
     assert said(ACCOUNT) == said(other)
+
+
+def test_failover_entries_are_checked_where_they_are_read(tmp_path: Any) -> None:
+    """``failover`` must name other rented entries (the loader lists every wrong one), and
+    a run's entries keep one bucket (the next provider resumes from it)."""
+    from ups.deploy.errors import DeployError, UsageError
+    from ups.deploy.hosts import get_host, load_hosts
+    from ups.deploy.managed.ops import entries_of
+
+    path = tmp_path / "hosts.yaml"
+    base = "kind: vast, offer: 'num_gpus=1', max_price_per_hour: 1"
+    path.write_text(
+        f"hosts:\n  a: {{{base}, failover: [box, a, nope]}}\n"
+        f"  b: {{{base}, checkpoint_sync: 's3://one/runs'}}\n"
+        f"  c: {{{base}, failover: [b]}}\n"
+        "  box: {host: h}\n"
+    )
+    with pytest.raises(DeployError) as err:
+        load_hosts(path)
+    for name in ("'box'", "'a'", "'nope'"):
+        assert f"hosts.a.failover: {name} is not another rented entry" in str(err.value)
+    path.write_text(path.read_text().replace("failover: [box, a, nope]", "failover: [c]"))
+    spec, _ = get_host("c", path)
+    with pytest.raises(UsageError, match="keeps one bucket"):
+        entries_of(spec, str(path))  # type: ignore[arg-type]
+    spec, _ = get_host("a", path)
+    assert [e.name for e in entries_of(spec, str(path))] == ["a", "c"]  # type: ignore[arg-type]

@@ -55,6 +55,7 @@ def test_a_stale_epoch_instance_is_ended_within_the_bound(
     assert f"instance {stray} (vast, ups:vast:fence@0): created under lease epoch 0" in out
     record = json.loads((tmp_path / "runs" / "fence" / "run.json").read_text())
     assert record["epoch"] == 1
+    assert (record["outcome"]["outcome"], record["outcome"]["exit_code"]) == ("finished", 0)
     (kept,) = [r for r in record["instances"] if r["instance_id"] == str(stray)]
     assert kept["end_reason"].startswith("stray: created under lease epoch 0, older than")
     assert kept["epoch"] == 0 and kept["ended"] is not None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Mapping
 
 import psutil
 
@@ -59,6 +60,7 @@ from ups.deploy.providers import InstanceState as State
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target
 from ups.deploy.transport.session import run as run_remote
+from ups.outcome import Outcome
 from ups.retry import retry_verdict
 
 __all__ = ["RECOVERY_EVENT", "Keeper", "host_or_user"]
@@ -72,7 +74,7 @@ class Keeper:
         self,
         lifecycle: Lifecycle,
         env: dict[str, str],
-        watchdog_key: str | None,
+        watchdog_keys: Mapping[str, str | None],
         sup: Supervision,
         where: Where,
         bucket: Bucket | None = None,
@@ -83,7 +85,8 @@ class Keeper:
         self.sup = sup
         self.bucket = bucket
         self.env = env
-        self.watchdog_key = watchdog_key
+        self.watchdog_keys = watchdog_keys
+        """Per rented entry: the scoped key its watchdog acts with (None: the instance's)."""
         plan = lifecycle.plan
         self.run_id = plan.run_id
         self.run_dir = plan.local_runs / plan.run_id
@@ -102,6 +105,8 @@ class Keeper:
         self.started = process_started()
         self.synced: list[Synced] = []
         self.pending: Pending | None = None
+        self.outcome: Outcome | None = None
+        """The run's own ``outcome.json`` as it last ended (the truth the record copies)."""
 
     @property
     def spec(self) -> RentedHost:
@@ -270,7 +275,7 @@ class Keeper:
         self.sup.machine(leg.instance_id, inst.machine_id)
         self._mark("running")
         target = self.lc.wait_ssh(inst, deadline)
-        self.lc.prepare(target, self.watchdog_key)
+        self.lc.prepare(target, self.watchdog_keys.get(self.spec.name))
         self.upload(target)
         return target
 
@@ -299,7 +304,7 @@ class Keeper:
                 "(its supervisor was interrupted): setting it up now"
             )
             self.sup.machine(leg.instance_id, inst.machine_id)
-            self.lc.prepare(target, self.watchdog_key)
+            self.lc.prepare(target, self.watchdog_keys.get(self.spec.name))
             if self.pending is None:  # the interrupted recovery cut and marked the log
                 self.pending = self.points.adopted()
             self.upload(target)
@@ -387,6 +392,7 @@ class Keeper:
             _, outcome = read_result(conn, plan.remote, target.spec)
         finally:
             conn.close()
+        self.outcome = outcome
         retryable, why = retry_verdict(outcome, code)
         if code != 0 and retryable and time.time() < self.lc.plan.deadline_epoch:
             self.count(f"the run ended: {why}", None)

@@ -56,8 +56,8 @@ def _watchdog_key(spec: RentedHost) -> str | None:
     except OSError as err:
         raise ProviderApiError(
             f"watchdog_key_file {path} of host {spec.name!r} cannot be read ({err.strerror}). "
-            "Save the scoped key there (docs/managed-runs.md) or remove the setting to let the "
-            "watchdog use the instance's own key."
+            "Save the scoped key there (its provider's page under docs/) or remove the "
+            "setting to let the watchdog use the instance's own key."
         ) from None
 
 
@@ -73,7 +73,8 @@ class ManagedDeploy:
     out: TextIO
     env: dict[str, str]
     skip_preflight: bool
-    watchdog_key: str | None
+    watchdog_keys: dict[str, str | None]
+    """Per rented entry of the run, its watchdog's scoped key (read before renting)."""
     mirror: Path | None
     spec: RentedHost
     config: Path
@@ -148,7 +149,7 @@ class ManagedDeploy:
                     lifecycle,
                     env=self.env,
                     skip_preflight=self.skip_preflight,
-                    watchdog_key=self.watchdog_key,
+                    watchdog_keys=self.watchdog_keys,
                     sup=sup,
                     where=where,
                     bucket=bucket,
@@ -206,7 +207,8 @@ def plan(
     them (itself first) that has an offer under its cap."""
     env = dict(os.environ)
     market = Market(entries_of(spec, hosts_file))
-    watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
+    # Read before renting: a bad path costs nothing. Each provider's watchdog its own key.
+    watchdog_keys = {entry.name: _watchdog_key(entry) for entry in market.entries}
     missed: list[str] = []
     for entry in market.entries:
         try:
@@ -234,7 +236,7 @@ def plan(
         out,
         env,
         skip_preflight,
-        watchdog_key,
+        watchdog_keys,
         mirror,
         spec=spec,
         config=config,
@@ -245,12 +247,21 @@ def plan(
 
 
 def entries_of(spec: RentedHost, hosts_file: str | None) -> list[RentedHost]:
-    """The entry and the entries it fails over to, in order (hosts.py checked they exist)."""
+    """The entry and the entries it fails over to, in order (hosts.py checked they exist).
+    They keep one bucket: the run resumes on the next provider from its checkpoints."""
     found = [spec]
     for name in spec.failover:
         other, _known = get_host(name, hosts_file)
         assert isinstance(other, RentedHost), other
         found.append(other)
+    buckets = {entry.checkpoint_sync for entry in found}
+    if len(buckets) > 1:
+        listed = ", ".join(f"{e.name}: {e.checkpoint_sync}" for e in found)
+        raise UsageError(
+            f"host {spec.name!r} fails over to {', '.join(spec.failover)}, but their "
+            f"checkpoint_sync differ ({listed}). A run that moves between providers keeps "
+            "one bucket, where the next one resumes it from: give them the same s3:// URL."
+        )
     return found
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from ups import jsonio
 from ups.deploy.providers import UNNAMED, Instance
 from ups.fsio import atomic_write_text
+from ups.outcome import Outcome
 
 FILE = "run.json"
 LEGACY_FILE = "supervision.json"
@@ -159,6 +160,10 @@ class State:
     supervisor: Supervisor | None = None
     bucket_checkpoint: int | None = None
     """The newest checkpoint step committed in the run's bucket, when it has one."""
+    outcome: dict[str, Any] | None = None
+    """How the run ended, as the run itself wrote it (its ``outcome.json``: outcome, cause,
+    reason, step, exit code): a copy, never written here otherwise; ``ended`` and
+    ``exit_code`` are what the supervisor saw (the launcher's code without one)."""
     epoch: int = 0
     """The newest lease epoch a supervisor of this run took (:mod:`.lease`): instances
     labelled with an older one that the holder did not create are ended (the fence)."""
@@ -347,8 +352,10 @@ class Supervision:
             self.state.checkpoints.append(SyncedCheckpoint(step, time.time(), where))
             self.save()
 
-    def finished(self, how: str, exit_code: int | None) -> None:
+    def finished(self, how: str, exit_code: int | None, outcome: Outcome | None = None) -> None:
         self.state.ended, self.state.exit_code = how, exit_code
+        if outcome is not None:
+            self.state.outcome = {k: getattr(outcome, k) for k in OUTCOME_VIEW}
         self.state.status = (
             RunStatus.FINISHED
             if exit_code == 0
@@ -359,6 +366,8 @@ class Supervision:
         self.save()
 
 
+OUTCOME_VIEW = ("outcome", "cause", "reason", "step", "exit_code", "time")
+"""The fields of ``outcome.json`` the record copies (the file stays the truth)."""
 STOPPED_CODES = frozenset({75, 130, 143})
 """Exit codes of a run stopped on purpose: preempted (75), SIGINT (130), SIGTERM (143)."""
 

@@ -9,6 +9,7 @@ instance are the new holder's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from ups.bucket import Bucket
@@ -31,7 +32,7 @@ def run(
     *,
     env: dict[str, str],
     skip_preflight: bool,
-    watchdog_key: str | None,
+    watchdog_keys: Mapping[str, str | None],
     sup: Supervision,
     where: Where,
     bucket: Bucket | None = None,
@@ -44,7 +45,7 @@ def run(
     """
     del skip_preflight
     plan = lifecycle.plan
-    keeper = Keeper(lifecycle, env, watchdog_key, sup, where, bucket)
+    keeper = Keeper(lifecycle, env, watchdog_keys, sup, where, bucket)
     reason = "run ended"
     code = 1
     try:
@@ -54,7 +55,7 @@ def run(
             code = keeper.run()
             if bucket is not None and (step := newest_step(bucket, plan.run_id)) is not None:
                 sup.bucket_has(step)
-            sup.finished(f"exit {code}", code)
+            sup.finished(f"exit {code}", code, keeper.outcome)
     except LeaseLost:
         keeper.log.close()
         raise

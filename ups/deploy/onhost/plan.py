@@ -274,7 +274,7 @@ def build_script_plan(
     run_id = fixed or new_run_id(workload.name)
     remote = rc.RemoteRun(workdir=spec.workdir, run_id=run_id)
     dest = code_dir(spec.workdir, workload)
-    run_file = remote.state("run.json")
+    run_file = remote.state(rc.RUN_FILE)
     launch_argv = [spec.ups_bin, "launch", "--run-file", run_file, "--run-id", run_id]
     launch_argv += ["--output-dir", remote.output_dir]
     if spec.gpus:

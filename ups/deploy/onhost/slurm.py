@@ -175,7 +175,7 @@ def _upload(
     if plan.run_file is None:
         conn.sftp().put(plan.config, r.state("config.yaml"))
     else:
-        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
+        write_text(conn, r.state(rc.RUN_FILE), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_text(conn, r.state(sl.NODE_SCRIPT), sl.node_script(job))
     write_text(conn, r.state(sl.BATCH_SCRIPT), sl.batch_script(job))
