@@ -104,7 +104,7 @@ def test_dry_run_of_a_script(tmp_path: Path) -> None:
     assert steps[:4] == ["connect:", "check-code:", "sync:", "upload:"], steps
     assert "/shared/ups/code/train-" in text
     assert (
-        "ups launch --run-file /shared/ups/.ups/deploy/s1/run.json --run-id s1 "
+        "ups launch --run-file /shared/ups/.ups/deploy/s1/run-file.json --run-id s1 "
         "--preflight-passed-by 'fab deploy' --nproc-per-node 1 --checkpoint-dir "
         "runs/s1/checkpoints --nnodes"
     ) in node
