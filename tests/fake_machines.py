@@ -120,11 +120,14 @@ class LocalMachine:
         if slow is not None:
             threading.Thread(target=self._throttle, args=(slow,), daemon=True).start()
 
-    def signal_all(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to every process of the machine (its init first)."""
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+    def signal_init(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the machine's PID 1 (what ``docker stop`` signals first)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+            for pid in children.split():
+                os.kill(int(pid), sig)
 
     def kill(self) -> None:
         """End the machine's PID namespace: every process in it dies with its PID 1."""

@@ -286,6 +286,7 @@ class FakeRunPod:
     def __init__(self, root: Path, workdir: Path, account_keys: list[Path]) -> None:
         self.root = root
         self.workdir = workdir
+        """Where the tests' entries mount pods' volumes (their workdir is under it)."""
         self.account_keys = account_keys
         self.api_key = "fake-runpod-" + secrets.token_hex(8)
         self.gpu_types = default_gpu_types()
@@ -327,14 +328,15 @@ class FakeRunPod:
         return False
 
     def preempt(self, pod_id: str) -> None:
-        """What RunPod does to a spot pod whose machine is wanted: SIGTERM to every
-        process, ``preempt_warning_s``, SIGKILL; the pod stays listed, EXITED, its volume
-        kept (and billed); its container disk is gone."""
+        """What RunPod does to a spot pod whose machine is wanted: SIGTERM to the
+        container's main process (PID 1, as ``docker stop``), ``preempt_warning_s``, then
+        SIGKILL to all; the pod stays listed, EXITED, its volume kept (and billed); its
+        container disk is gone."""
         pod = self.pods[pod_id]
         assert pod.bid_per_gpu is not None, "only an interruptible pod is preempted"
-        pod.machine.signal_all(signal.SIGTERM)
+        pod.machine.signal_init(signal.SIGTERM)
         deadline = time.monotonic() + self.preempt_warning_s
-        while time.monotonic() < deadline and len(pod.machine.pids()) > 1:
+        while time.monotonic() < deadline and pod.machine.pids():
             time.sleep(0.1)  # the pod's processes ending on their own within the warning
         self._stop(pod, "Stopped by RunPod: spot instance interrupted")
         pod.preempted = True
@@ -387,7 +389,9 @@ class FakeRunPod:
             )
         pod_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(14))
         env = {e["key"]: e.get("value") or "" for e in spec.get("env") or []}
-        machine = LocalMachine(self.root / "pods" / pod_id, str(self.workdir))
+        # The pod's volume is mounted where the create asks (over a directory of this host).
+        volume_at = str(spec.get("volumeMountPath") or "/runpod-volume")
+        machine = LocalMachine(self.root / "pods" / pod_id, volume_at)
         # The account's keys arrive in PUBLIC_KEY; the image's start puts them where sshd
         # reads them: the container disk's home, which a stop wipes.
         machine.authorized_keys = machine.root / "container" / "home" / ".ssh" / "authorized_keys"
@@ -396,7 +400,7 @@ class FakeRunPod:
             image=str(spec.get("imageName") or ""), docker_args=str(spec.get("dockerArgs") or ""),
             env=env, volume_gb=float(spec.get("volumeInGb") or 0),
             container_gb=float(spec.get("containerDiskInGb") or 10),
-            volume_mount_path=str(spec.get("volumeMountPath") or "/runpod-volume"),
+            volume_mount_path=volume_at,
             bid_per_gpu=bid_per_gpu, pod_key="fake-pod-" + secrets.token_hex(8),
             machine=machine, machine_id=f"m{next(self._machines):04d}",
             last_change=f"Rented by User: {time.ctime()}",
@@ -448,13 +452,14 @@ class FakeRunPod:
         pod.machine.port = pod.machine.port or _free_port()
         env = {
             **pod.env, "RUNPOD_POD_ID": pod.id, "RUNPOD_API_KEY": pod.pod_key,
-            "RUNPOD_API_BASE_URL": self.url, "PUBLIC_KEY": keys, "HOME": str(home),
+            "PUBLIC_KEY": keys, "HOME": str(home),
             "RUNPOD_PUBLIC_IP": "127.0.0.1", "RUNPOD_TCP_PORT_22": str(pod.machine.port),
             "RUNPOD_GPU_COUNT": str(pod.gpu_count), "RUNPOD_DC_ID": "CA-MTL-1",
             "DOCKER_ARGS": pod.docker_args, "START_LOG": str(pod.machine.root / "start.log"),
         }  # fmt: skip
         # The image starts its sshd (as RunPod's templates do), then runs the pod's command.
-        start = '{sshd}; exec sh -c "$DOCKER_ARGS" > "$START_LOG" 2>&1 < /dev/null'
+        # The pod's command becomes its PID 1, as a container's CMD does.
+        start = '{sshd}; eval "exec $DOCKER_ARGS" > "$START_LOG" 2>&1 < /dev/null'
         pod.machine.boot(env, start, port=pod.machine.port)
         pod.tick()
         pod.running = True
@@ -604,7 +609,8 @@ def runpod_entry(fake: FakeRunPod, **overrides: Any) -> dict[str, Any]:
         "on_exit": "destroy",
         "user": os.environ.get("USER", "root"),
         "key": str(fake.root / CLIENT_KEY),
-        "workdir": str(fake.workdir),
+        "volume_mount_path": str(fake.workdir),
+        "workdir": str(fake.workdir / "ups"),
         "ups_bin": str(VENV_BIN / "ups"),
         "runpod_url": fake.url,
         "connect_timeout": 5,
