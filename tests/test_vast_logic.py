@@ -13,7 +13,8 @@ from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import Rented
 from ups.deploy.managed.record import State as Record
 from ups.deploy.managed.rental_plan import search
-from ups.deploy.providers import NoOffer, label_for, parse_label
+from ups.deploy.providers import NoOffer
+from ups.deploy.providers.legacy import label_for, parse_label
 from ups.deploy.providers.vast.instance import Instance, State, state_of
 from ups.deploy.providers.vast.offers import choose
 

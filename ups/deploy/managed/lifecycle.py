@@ -24,7 +24,8 @@ from ups.deploy.managed.faults import HostFault, UserFault
 from ups.deploy.managed.rental_plan import VastPlan, container_spec
 from ups.deploy.onhost.fetch import fetch as fetch_run
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, Side
+from ups.deploy.providers import ProviderApiError, Side
+from ups.deploy.providers.legacy import Provider, RentedInstance
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.connect import connect
 from ups.deploy.transport.hostkeys import known_hosts_name, load_into, save_host_keys

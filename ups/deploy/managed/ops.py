@@ -14,7 +14,6 @@ from typing import TextIO
 
 from ups.bucket import Bucket, BucketError
 from ups.console.format import render_line
-from ups.deploy import providers
 from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.hosts import ContainerHost, VastHost, get_host
 from ups.deploy.managed import background, lease
@@ -27,7 +26,9 @@ from ups.deploy.managed.run import run
 from ups.deploy.onhost.operate import bucket_keys
 from ups.deploy.onhost.plan import load_run_config
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, label_for, parse_label
+from ups.deploy.providers import ProviderApiError
+from ups.deploy.providers import legacy as providers
+from ups.deploy.providers.legacy import Provider, RentedInstance, label_for, parse_label
 from ups.runid import run_id_problem
 from ups.workload import ScriptWorkload, WorkloadError, load_run_file
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from ups.deploy.managed.record import State as Record
 from ups.deploy.managed.watch import LOST
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import RentedInstance
+from ups.deploy.providers.legacy import RentedInstance
 
 UNSUPERVISED = "while no supervisor ran"
 

@@ -19,7 +19,8 @@ from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
 from ups.deploy.managed.ledger import Ledger
 from ups.deploy.managed.ranking import API_ORDER, MEASURED, rank
 from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan, load_run_config
-from ups.deploy.providers import NoOffer, Provider, label_for
+from ups.deploy.providers import NoOffer
+from ups.deploy.providers.legacy import Provider, label_for
 from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
 from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
 from ups.preflight.figures import workload

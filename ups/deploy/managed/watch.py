@@ -22,7 +22,8 @@ from fabric import Connection
 from ups import jsonio
 from ups.deploy.errors import DeployError
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Provider, ProviderApiError
+from ups.deploy.providers import ProviderApiError
+from ups.deploy.providers.legacy import Provider
 from ups.deploy.transport.session import Target
 from ups.fsio import atomic_write_bytes
 

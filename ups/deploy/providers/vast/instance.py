@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ups.deploy.providers import InstanceState, parse_label
+from ups.deploy.providers import InstanceState
+from ups.deploy.providers.legacy import parse_label
 from ups.deploy.providers.vast.faults import classify_status
 
 ERROR_WORDS = ("error", "denied", "manifest unknown", "not found", "failed", "unauthorized")
