@@ -95,6 +95,7 @@ __all__ = [
 
 _PACKAGES = {
     "vast": "ups.deploy.providers.vast",
+    "runpod": "ups.deploy.providers.runpod",
 }
 """The registry: a provider's name (its hosts.yaml ``kind``) -> its package."""
 NAMES = tuple(_PACKAGES)
