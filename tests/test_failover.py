@@ -104,5 +104,7 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
     ref = _uninterrupted_run(tmp_path_factory, config, demo_data)
     mine, theirs = _final_model(tmp_path / "runs" / "failover"), _final_model(ref)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
-    print(f"\nMEASURE no offer under the cap on vast -> first step on runpod: "
-          f"{move['first_step_s']:.1f} s")
+    print(
+        f"\nMEASURE no offer under the cap on vast -> first step on runpod: "
+        f"{move['first_step_s']:.1f} s"
+    )

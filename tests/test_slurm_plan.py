@@ -129,7 +129,7 @@ def test_no_requeue_and_cpu_ranks(tmp_path: Path) -> None:
         ({"gpus": 2}, "set gpus_per_node (GPUs of each node), not gpus"),
         ({"time": "an hour"}, "is not a Slurm time"),
         ({"sbatch_options": ["-N 3"]}, "is not one long option"),
-        ({"offer": "x"}, "not a field of a slurm host (it belongs to vast hosts)"),
+        ({"offer": "x"}, "not a field of a slurm host (it belongs to rented (vast"),
         ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
     ],
 )

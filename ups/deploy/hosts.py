@@ -88,6 +88,10 @@ def _own_fields(model: type[SshHost]) -> BeforeValidator:
             for key in data:
                 owners = [k for k, other in _MODELS.items() if key in other.model_fields]
                 if owners and key not in model.model_fields:
+                    rented = [k for k in owners if k in providers.NAMES]
+                    if key in RentedHost.model_fields:  # every provider's: say so, not each
+                        owners = [k for k in owners if k not in rented]
+                        owners.append(f"rented ({' or '.join(rented)})")
                     raise PydanticCustomError(
                         "not_of_kind",
                         "not a field of a {kind} host (it belongs to {owners} hosts)",
