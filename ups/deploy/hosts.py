@@ -195,7 +195,9 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
         parsed = HostsFile.model_validate(raw)
     except ValidationError as err:
         problems = "\n".join(
-            f"  - {'.'.join(str(p) for p in _loc(e))}: {e['msg'].removeprefix('Value error, ')}"
+            "  - "
+            + "".join(f"{'.'.join(str(p) for p in loc)}: " for loc in [_loc(e)] if loc)
+            + e["msg"].removeprefix("Value error, ")
             for e in err.errors()
         )
         raise UsageError(f"hosts file {file} is invalid:\n{problems}") from None

@@ -26,6 +26,8 @@ from ups.deploy.managed.faults import HostFault
 from ups.deploy.managed.ledger import Failure, Ledger
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.market import Market
+from ups.deploy.managed.offers import NoneUnderCap
+from ups.deploy.managed.ranking import on_machine
 from ups.deploy.providers import (
     Move,
     NoOffer,
@@ -69,18 +71,20 @@ class Where:
 
 def move_on(lc: Lifecycle, where: Where, trigger: Trigger, reason: str, in_a_row: int) -> None:
     """Ask the policy where to rent after ``trigger`` and make ``lc.plan`` hold that offer
-    (another entry's, when it says so); raise what ends the run when it gives up."""
+    (another entry's, when it says so); raise what ends the run when it gives up: the
+    last search's own paragraph when no entry had an offer."""
+    full: NoOffer | None = None
     while True:
         entry = lc.plan.spec.name
         situation = Situation(
             trigger, entry, reason, in_a_row, where.market.names, frozenset(where.without_offer)
         )
         decision = where.policy.decide(situation)
+        if decision.move is Move.GIVE_UP:
+            if trigger is Trigger.NO_OFFER:
+                raise full or NoOffer(reason)
+            raise OffersExhausted(decision.reason)
         try:
-            if decision.move is Move.GIVE_UP:
-                if trigger is Trigger.NO_OFFER:
-                    raise NoOffer(reason)
-                raise OffersExhausted(decision.reason)
             if decision.move is Move.WAIT:
                 lc.say(f"{decision.reason}; then searching {decision.entry} again")
                 if time.time() + decision.wait_s >= lc.plan.deadline_epoch:
@@ -97,10 +101,10 @@ def move_on(lc: Lifecycle, where: Where, trigger: Trigger, reason: str, in_a_row
                     where.machines_of(lc.provider.name),
                 )
         except NoOffer as err:
-            if decision.move is Move.GIVE_UP:
-                raise
-            where.without_offer.add(lc.plan.spec.name)
-            trigger, reason, in_a_row = Trigger.NO_OFFER, str(err), 1
+            full = err
+            where.without_offer.add(decision.entry)
+            short = err.short if isinstance(err, NoneUnderCap) else str(err)
+            trigger, reason, in_a_row = Trigger.NO_OFFER, short, 1
             continue
         where.without_offer.discard(lc.plan.spec.name)
         return
@@ -170,7 +174,7 @@ def rent(lc: Lifecycle, use: Callable[[str], T], where: Where, ledger: Ledger | 
             continue
         lc.say(
             f"trying the next offer ({here + 1}/{lc.plan.spec.max_offers}): "
-            f"{lc.plan.offer.describe()} on machine {lc.plan.offer.machine_id} at "
+            f"{lc.plan.offer.describe()}{on_machine(lc.plan.offer)} at "
             f"${lc.plan.price:.3f}/h"
         )
 

@@ -14,6 +14,15 @@ from ups.deploy.providers import ORDER_MEASURED, NoOffer, Offer, OfferRequiremen
 from ups.preflight.figures import workload
 
 
+class NoneUnderCap(NoOffer):
+    """Offers match, but none at or under the cap; ``short`` says so in one line (the
+    reason a run moves to another provider)."""
+
+    def __init__(self, message: str, short: str) -> None:
+        super().__init__(message)
+        self.short = short
+
+
 def choose(
     offers: list[Offer], cap: float, interruptible: bool | float, title: str, wanted: str
 ) -> Offer:
@@ -28,10 +37,12 @@ def choose(
         )
     cheapest = min(offers, key=lambda o: max(o.price(interruptible), o.min_bid_per_hour or 0.0))
     price = max(cheapest.price(interruptible), cheapest.min_bid_per_hour or 0.0)
-    raise NoOffer(
+    raise NoneUnderCap(
         f"no {title} offer matching {wanted} is at or under max_price_per_hour ${cap:.3f}/h; "
         f"the cheapest of {len(offers)} is {cheapest.describe()} at ${price:.3f}/h. Nothing "
-        "was created. Raise max_price_per_hour in hosts.yaml or loosen the requirements."
+        "was created. Raise max_price_per_hour in hosts.yaml or loosen the requirements.",
+        f"the cheapest of {len(offers)} matching {title} offer(s) is ${price:.3f}/h, over the "
+        f"cap ${cap:.3f}/h",
     )
 
 

@@ -25,6 +25,7 @@ from ups.deploy.managed.acquire import Where
 from ups.deploy.managed.ledger import Ledger, render
 from ups.deploy.managed.lifecycle import Lifecycle, describe_timings
 from ups.deploy.managed.market import Market
+from ups.deploy.managed.offers import NoneUnderCap
 from ups.deploy.managed.recovery import policy_for
 from ups.deploy.managed.rental_plan import RentalPlan, build_rental_plan
 from ups.deploy.managed.run import run
@@ -81,12 +82,29 @@ class ManagedDeploy:
     overrides: tuple[str, ...]
     hosts_file: str | None
     mode: str
+    passed_over: tuple[str, ...] = ()
+    """Entries before the plan's that had no offer when it was made, each with why."""
 
     def choose_run(self) -> None:
         """Nothing to decide on a host: the run's record says which run continues."""
 
     def render(self) -> str:
-        return self.plan.render()
+        text = self.plan.render()
+        here = self.plan.spec.name
+        others = [e for e in self.market.entries if e.name != here]
+        if not others:
+            return text
+        head, _, rest = text.partition("\n  W&B:")
+        lines = [f"\n  passed:   {why}" for why in self.passed_over]
+        moves = ", then ".join(
+            f"{e.name} ({e.kind}, cap ${e.max_price_per_hour or 0:.3f}/h)" for e in others
+        )
+        lines.append(
+            f"\n  failover: {moves}: when {here} has no offer under its cap or "
+            f"{self.plan.spec.max_offers} bad hosts in a row (policy {self.policy.name}); the "
+            "run resumes there from its newest checkpoint"
+        )
+        return head + "".join(lines) + "\n  W&B:" + rest
 
     def run(self) -> int:
         """Supervise the run: take its lease, rent (or pick up) and follow it; a detached
@@ -139,6 +157,8 @@ class ManagedDeploy:
                 code = 0
             else:
                 sup.took_lease(held.epoch)
+                if self.passed_over and not sup.state.instances:
+                    sup.moved(spec.name, plan.spec.name, "; ".join(self.passed_over))
                 provider = self.market.provider(plan.spec)
                 lifecycle = Lifecycle(
                     provider, plan, self.known_hosts, out, held.check, epoch=held.epoch
@@ -210,6 +230,7 @@ def plan(
     # Read before renting: a bad path costs nothing. Each provider's watchdog its own key.
     watchdog_keys = {entry.name: _watchdog_key(entry) for entry in market.entries}
     missed: list[str] = []
+    passed: list[str] = []
     for entry in market.entries:
         try:
             rental = build_rental_plan(
@@ -226,6 +247,7 @@ def plan(
             break
         except NoOffer as err:
             missed.append(f"{entry.name}: {err}")
+            passed.append(f"{entry.name}: {err.short if isinstance(err, NoneUnderCap) else err}")
     else:
         raise NoOffer(" ".join(missed) if len(missed) == 1 else "; ".join(missed))
     return ManagedDeploy(
@@ -243,6 +265,7 @@ def plan(
         overrides=overrides,
         hosts_file=hosts_file,
         mode=mode,
+        passed_over=tuple(passed),
     )
 
 

@@ -36,9 +36,13 @@ class Ranked:
             f"${self.usd_per_msample:.4f} per M samples"
         )  # fmt: skip
         return (
-            f"{offer.describe()} on machine {offer.machine_id} at ${self.price:.3f}/h: "
-            f"{cost} ({self.basis})"
+            f"{offer.describe()}{on_machine(offer)} at ${self.price:.3f}/h: {cost} ({self.basis})"
         )
+
+
+def on_machine(offer: Offer) -> str:
+    """`` on machine M`` where the provider names the machine, else nothing."""
+    return "" if offer.machine_id is None else f" on machine {offer.machine_id}"
 
 
 def _model_tflops(gpu_name: str) -> float | None:
