@@ -30,6 +30,7 @@ from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, printed_exception
+from ups.launch.stall import Stall, StallWatch
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -68,6 +69,8 @@ class TorchrunResult:
     """The last phase a worker announced (``phase`` events), or torchrun_start."""
     peak_rss: dict[int, int] = field(default_factory=dict)
     """Sampled peak resident memory per rank, in bytes."""
+    stall: Stall | None = None
+    """Set when ups found the run stalled and ended it (``ups.launch.stall``)."""
 
     def failure_of(self, rank: int) -> WorkerFailure | None:
         return next((f for f in self.failures if f.rank == rank), None)
@@ -261,6 +264,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
+    watch = StallWatch(plan, rank_logs)
+    watch.prepare()
     log.info(
         "torchrun_starting",
         text="starting torchrun",
@@ -279,7 +284,12 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     )
     assert proc.stdout is not None
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
-    with _forward_signals(proc, state, request), RssSampler() as sampler, rank_logs:
+    with (
+        _forward_signals(proc, state, request),
+        RssSampler() as sampler,
+        rank_logs,
+        watch.start(proc.pid),
+    ):
         reader.start()
         rc = proc.wait()
     request.unlink(missing_ok=True)
@@ -293,6 +303,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     if plan.script is not None and rank_logs.started.is_set() and result.phase == "torchrun_start":
         result.phase = SCRIPT_PHASE
     result.peak_rss = dict(sampler.peak_rss)
+    result.stall = watch.verdict
     for failure in result.failures:
         failure.printed = printed_exception(list(rank_logs.stderr_tail.get(failure.local_rank, ())))
     return result
