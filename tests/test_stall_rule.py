@@ -245,8 +245,9 @@ def test_a_script_plan_watches_by_default_and_the_trainer_never(tmp_path: Path) 
     assert off.stall_timeout_s is None and "PYTHONPATH" not in off.env
     with pytest.raises(ValueError, match="--stall-timeout watches a --script run"):
         LaunchRequest(config_path="c.yaml", stall_timeout_s=30)
-    with pytest.raises(ValueError, match="--stall-timeout must be 0"):
-        LaunchRequest(script="train.py", stall_timeout_s=-1)
+    for wrong in (-1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="--stall-timeout must be 0"):
+            LaunchRequest(script="train.py", stall_timeout_s=wrong)
 
 
 def test_the_run_files_timeout_reaches_launch_and_every_host(

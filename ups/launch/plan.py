@@ -7,6 +7,7 @@ the plan shows the port the run will really use. ``--dry-run`` prints the plan.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -103,7 +104,7 @@ class LaunchRequest:
             self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url
         ):
             problems.append("a checkpoint dir and stop grace are a script's; no --script was given")
-        if self.stall_timeout_s is not None and self.stall_timeout_s < 0:
+        if self.stall_timeout_s is not None and not 0 <= self.stall_timeout_s < math.inf:
             problems.append(
                 f"--stall-timeout must be 0 (off) or more (got {self.stall_timeout_s:g})"
             )
