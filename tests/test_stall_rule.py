@@ -173,8 +173,9 @@ def test_a_rank_is_idle_without_cpu_io_lines_heartbeats_or_disk_waits() -> None:
 
 def test_the_rule_dumps_at_half_the_timeout_and_decides_at_the_timeout() -> None:
     """A rank idle for T/2 with no progress anywhere: the first dump. At T: the second
-    dump and the verdict, the stall's length since the idle began. Progress in
-    between forgets the suspicion; a ruled-out suspicion is judged again T/2 later."""
+    dump and the verdict, the stall's length since the last progress, not before a rank
+    that worked until recently has been idle for T as well. Progress in between forgets
+    the suspicion; a ruled-out suspicion is judged again T/2 later."""
     dumps: list[str] = []
     stacks = {0: ALL_REDUCE, 1: SLEEP}
 
@@ -188,7 +189,18 @@ def test_the_rule_dumps_at_half_the_timeout_and_decides_at_the_timeout() -> None
     assert rule.check(106, tracks, last_progress=95, dump=dump) is None and len(dumps) == 1
     assert rule.check(110, tracks, last_progress=95, dump=dump) is None and len(dumps) == 1
     verdict = rule.check(116, tracks, last_progress=95, dump=dump)
-    assert isinstance(verdict, Stalled) and verdict.seconds == 20 and len(dumps) == 2
+    assert isinstance(verdict, Stalled) and verdict.seconds == 21 and len(dumps) == 2
+
+    # Rank 0 idle since 80, rank 1 worked until 100: at 110 a verdict would only see rank
+    # 0 idle for 20 s; it waits until rank 1 has been idle for the timeout too.
+    rule = StallRule(20.0, single_node=True, cwd=CWD)
+    late = {0: _track(121, 0.0), 1: _track(100, 1.0)}
+    for t in range(101, 122):
+        late[1].add(t, 100.0, 0)
+    assert rule.check(95, late, -math.inf, dump) is None  # first dump (rank 0 idle 10 s)
+    assert rule.check(110, late, -math.inf, dump) is None  # rank 1 idle 10 s: wait
+    verdict = rule.check(121, late, -math.inf, dump)
+    assert isinstance(verdict, Stalled) and verdict.seconds == 21
 
     rule = StallRule(20.0, single_node=True, cwd=CWD)
     rule.check(106, tracks, last_progress=95, dump=dump)

@@ -1,8 +1,8 @@
 """Watch a ``--script`` run for stalls; when one is found, record every rank's stack and end it.
 
 While torchrun runs, a thread of ``ups launch`` samples each local rank once a second
-(less for short timeouts): the CPU time and I/O bytes of the rank and its own children
-(``psutil``), whether it waits on the disk, the last line it printed
+(more often for the short timeouts tests use): the CPU time and I/O bytes of the rank
+and its own children (``psutil``), whether it waits on the disk, the last line it printed
 (``ups.launch.ranklogs``), its heartbeat file (``ups.ckpt``), and the checkpoint
 directory's commits. :class:`ups.launch.stallrule.StallRule` decides, asking for the
 ranks' stacks through the hook every rank got at start-up (``ups.stackdump``). On a
@@ -43,6 +43,10 @@ KILL_GRACE_S = 5.0
 """SIGTERM to SIGKILL of a stalled run's ranks."""
 DUMP_WAIT_S = 3.0
 """The longest wait for the ranks' stack dumps to land."""
+RESCAN_S = 5.0
+"""How often (at most; a tenth of the timeout when that is shorter) the whole process
+table is walked for the ranks' processes (new DataLoader and compile workers); between
+walks only the known ones are read."""
 _MARK = "--- ups launch: stacks of rank {rank} (pid {pid}) at {time}: {why} ---"
 
 
@@ -103,6 +107,9 @@ class StallWatch:
         self._totals: dict[int, _Counters] = {}
         self._main: dict[int, int] = {}  # rank -> its process (torchrun's child)
         self._tracks: dict[int, RankTrack] = {}
+        self._procs: list[psutil.Process] = []
+        self._scanned_at = -math.inf
+        self._vanished = False
         self._commit_stamp: tuple[int, int] | None = None
         self._commit_at = -math.inf
         self._done = threading.Event()
@@ -117,14 +124,23 @@ class StallWatch:
         if not self.enabled:
             return
         hooks = hook_dir(self.plan.run_dir, self.plan.node_rank)
-        for directory in (hooks, self._stacks, self._progress):
-            directory.mkdir(parents=True, exist_ok=True)
-        (hooks / "sitecustomize.py").write_text(SHIM)
+        try:
+            for directory in (hooks, self._stacks, self._progress):
+                directory.mkdir(parents=True, exist_ok=True)
+            (hooks / "sitecustomize.py").write_text(SHIM)
+        except OSError as exc:  # a full disk: the run goes on, unwatched, and says so
+            log.warning(
+                "stall_watch_off",
+                text="cannot watch this run for stalls: its start-up hook cannot be written",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            self.timeout_s = None
 
     def start(self, agent_pid: int) -> StallWatch:
+        """Watch the ranks torchrun's agent (``agent_pid``) starts, from a thread."""
+        self._agent_pid = agent_pid
         if self.enabled:
             assert self.timeout_s is not None
-            self._agent_pid = agent_pid
             context = contextvars.copy_context()  # its lines carry the run id and node rank
             self._thread = threading.Thread(
                 target=context.run, args=(self._run,), name="stall-watch", daemon=True
@@ -150,13 +166,10 @@ class StallWatch:
 
     # -- watching ------------------------------------------------------------------------
     def _run(self) -> None:
-        assert self.timeout_s is not None
-        rule = StallRule(self.timeout_s, single_node=self.plan.nnodes == 1, cwd=Path.cwd())
+        rule = self.rule()
         try:
-            while not self._done.wait(poll_interval(self.timeout_s)):
-                now = time.monotonic()
-                self._sample(now)
-                verdict = rule.check(now, self._tracks, self._last_progress(), self._dump)
+            while not self._done.wait(poll_interval(rule.timeout_s)):
+                verdict = self.poll(rule, time.monotonic())
                 if isinstance(verdict, RuledOut):
                     log.info("stall_ruled_out", text=f"not stalled: {verdict.why}")
                 elif isinstance(verdict, Stalled):
@@ -169,11 +182,30 @@ class StallWatch:
                 error=f"{type(exc).__name__}: {exc}",
             )
 
+    def rule(self) -> StallRule:
+        assert self.timeout_s is not None
+        return StallRule(self.timeout_s, single_node=self.plan.nnodes == 1, cwd=Path.cwd())
+
+    def poll(self, rule: StallRule, now: float) -> Stalled | RuledOut | None:
+        """One look at the ranks (what the thread does every poll interval)."""
+        self._sample(now)
+        return rule.check(now, self._tracks, self._last_progress(), self._dump)
+
+    def _rescan(self, now: float) -> None:
+        """Find the ranks' processes: a walk of the whole process table (``psutil``), so
+        only every :data:`RESCAN_S`, when a known process has gone, or while none is known."""
+        self._procs = [p for p in descendants() if self._rank_of(p) is not None]
+        self._scanned_at = now
+
     def _sample(self, now: float) -> None:
+        rescan_s = min(RESCAN_S, (self.timeout_s or 0) / 10)
+        if now - self._scanned_at >= rescan_s or self._vanished or not self._procs:
+            self._rescan(now)
+        self._vanished = False
         seen: dict[int, tuple[int, float, int]] = {}
         disk_wait: set[int] = set()
         main: dict[int, int] = {}
-        for p in descendants():
+        for p in self._procs:
             rank = self._rank_of(p)
             if rank is None:
                 continue
@@ -186,8 +218,11 @@ class StallWatch:
                     except (psutil.Error, AttributeError):  # /proc/PID/io unreadable here
                         chars = 0
             except psutil.Error:
+                self._vanished = True  # ended (or a zombie): look for what replaced it
                 continue
-            cpu = times.user + times.system
+            # Children already waited for are in children_*: a rank's short-lived helper
+            # processes count even when they start and end between two looks.
+            cpu = times.user + times.system + times.children_user + times.children_system
             _, cpu_before, io_before = self._seen.get(p.pid, (rank, 0.0, 0))
             totals = self._totals.setdefault(rank, _Counters())
             totals.cpu_s += max(0.0, cpu - cpu_before)

@@ -233,7 +233,8 @@ def judge(
 @dataclass
 class StallRule:
     """The stall rule over time: a first dump once a rank has been idle for half the
-    timeout with no progress anywhere, the verdict at the full timeout."""
+    timeout with no progress anywhere, the verdict once some rank has been idle for the
+    full timeout and no other rank became idle less than a timeout ago."""
 
     timeout_s: float
     single_node: bool
@@ -260,10 +261,14 @@ class StallRule:
             return None
         started, first = self.episode
         idle = {r for r, t in tracks.items() if t.idle_for(now, self.timeout_s)}
-        if now - started < half or not idle:
+        # A rank idle for half the timeout but not all of it worked until recently: the
+        # run made progress less than a timeout ago, so the verdict waits for it.
+        settling = idle_half - idle
+        if now - started < half or not idle or settling:
             return None
         second = dump(f"rank(s) {sorted(idle)} idle for {self.timeout_s:g} s")
-        seconds = now - max(last_progress, started - half)
+        since = max([last_progress, *(tracks[r].active_at for r in idle)])
+        seconds = now - (since if since > -math.inf else started - half)
         verdict = judge(
             set(tracks), idle, first, second,
             single_node=self.single_node, cwd=self.cwd, seconds=seconds,
