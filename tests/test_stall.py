@@ -22,8 +22,8 @@ from ups.stackdump import DUMP_SIGNAL, SHIM, hooked_pids, main_thread, parse_dum
 pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 3
-PHASE_S = 4
-"""Each harmless phase outlasts the timeout: suspected at 1.5 s, cleared at 3 s."""
+PHASE_S = 4.5
+"""Each harmless phase outlasts the timeout: suspected at 1.5 s, cleared at 3 s (and 4.5 s)."""
 
 PHASES = """
 import os, subprocess, sys, time
@@ -130,7 +130,7 @@ def test_a_stalled_script_is_named_and_ended_and_long_work_is_not(tmp_path: Path
     assert f"rank 2 spinning at {script}:61 (`while not work.is_completed(): pass`)" in summary
     assert outcome["reason"].startswith("stalled: no rank made progress for ")
     assert summary in outcome["reason"] and f"--run-id {run_dir.name}" in outcome["reason"]
-    assert TIMEOUT_S <= outcome["stall"]["seconds"] < TIMEOUT_S + 3
+    assert TIMEOUT_S <= outcome["stall"]["seconds"] < TIMEOUT_S + 10
     end = events[-1]
     assert (end["event"], end["exit_code"], end["cause"]) == ("run_ended", 124, "stalled")
 
