@@ -307,7 +307,7 @@ def test_a_stall_is_failed_124_not_retried_and_names_the_rank(tmp_path: Path) ->
     assert outcome.reason.startswith(
         "stalled: no rank made progress for 31 s (stall timeout 30 s): rank 1 at train.py:78."
     )
-    assert "add `--run-id r` to the same command" in outcome.reason
+    assert "continue it with the same command and `--run-id r`" in outcome.reason
     assert exit_code(outcome, torchrun_rc=1) == EXIT_STALLED
     assert retry_verdict(outcome)[0] is False
     assert retry_verdict(None, EXIT_STALLED)[0] is False

@@ -367,7 +367,10 @@ class StallWatch:
 def stalled_outcome(plan: LaunchPlan, stall: Stall, phase: str | None) -> Outcome:
     """The run's outcome after :class:`StallWatch` ended it."""
     checkpoint = newest(plan)
-    again = f"add `--run-id {plan.run_id}` to the same command to continue it" + (
+    again = (
+        f"continue it with the same command and `--run-id {plan.run_id}` (`fab deploy`: "
+        f"`--run {plan.run_id}`)"
+    ) + (
         f": the script gets UPS_RESUME={checkpoint}"
         if checkpoint
         else " (it committed no checkpoint: the script starts again)"
