@@ -8,7 +8,8 @@ Two measurements, 2 gloo ranks on this machine:
   ``stall_detected`` line.
 - ``cost``: a training-like loop (a matmul and an all-reduce per step), the ranks timing
   their own steps; ``--stall-timeout 0`` (no watcher, no hook) and the default (watched)
-  alternate ABAB, ``--repeats`` pairs. Each run's median step time; the ratio of medians,
+  alternate ABBA (a load that drifts during the run favours neither), ``--repeats``
+  pairs. Each run's median step time; the ratio of medians,
   each pair's ratio and the spread. Also the CPU seconds of ``ups launch``'s own process
   per second of run (the watcher's thread is in it).
 - ``watch``: the CPU milliseconds of one poll of the watcher (it polls once a second), in
@@ -16,7 +17,7 @@ Two measurements, 2 gloo ranks on this machine:
   a core, taken from the host's spare CPU (the ranks never run any of it).
 
     .venv/bin/python benchmarks/bench_stall.py [--timeouts 10 30] [--repeats 3] \\
-        [--steps 1500] [--json benchmarks/results/stall_cpu.json]
+        [--steps 1000] [--json benchmarks/results/stall_cpu.json]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ import json, statistics, sys, time
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-a = torch.randn(192, 192)
+a = torch.randn(384, 384)
 grad = torch.randn(64 * 1024)
 times = []
 for step in range(int(sys.argv[1])):
@@ -73,6 +74,7 @@ for step in range(int(sys.argv[1])):
     times.append(time.perf_counter() - start)
 if dist.get_rank() == 0:
     print(json.dumps({"step_ms": 1000 * statistics.median(times[50:])}), flush=True)
+dist.destroy_process_group()  # without it gloo's threads can abort the exit (SIGABRT)
 """
 
 
@@ -207,7 +209,7 @@ def main() -> None:
     ap.add_argument("--timeouts", type=float, nargs="*", default=[10.0, 30.0])
     ap.add_argument("--exit-repeats", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="ABAB pairs for the cost")
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--work", type=Path, help="keep the runs and logs here (default: a temp dir)")
     ap.add_argument("--skip-cost", action="store_true")
@@ -228,9 +230,14 @@ def main() -> None:
             results["watch_cpu"] = measure_watch_cpu(work, args.watch_polls, env)
             print("watch", results["watch_cpu"], flush=True)
         pairs = []
-        for _ in range(0 if args.skip_cost else args.repeats):
-            off = measure_cost(work, args.steps, watched=False, env=env)
-            on = measure_cost(work, args.steps, watched=True, env=env)
+        for n in range(0 if args.skip_cost else args.repeats):
+            # ABBA: a load that drifts during the run favours neither side.
+            if n % 2 == 0:
+                off = measure_cost(work, args.steps, watched=False, env=env)
+                on = measure_cost(work, args.steps, watched=True, env=env)
+            else:
+                on = measure_cost(work, args.steps, watched=True, env=env)
+                off = measure_cost(work, args.steps, watched=False, env=env)
             pairs.append({"off": off, "on": on, "ratio": round(on["step_ms"] / off["step_ms"], 4)})
             print("cost", pairs[-1], flush=True)
         results["cost"] = pairs
