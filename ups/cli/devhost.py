@@ -45,6 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _workload_here() -> str:
+    """What a deploy from this folder would run: the demo config in ups's checkout, your
+    run file after `ups init`, else your script."""
+    if Path("configs/demo.yaml").is_file():
+        return "--config configs/demo.yaml"
+    if Path("ups-run.yaml").is_file():
+        return "--run-file ups-run.yaml"
+    return "--script YOUR_SCRIPT.py -- ARGS"
+
+
 def _describe(host: devhost.DevHost, started: bool) -> str:
     entry = yaml.safe_load(host.hosts_file.read_text())["hosts"]
     verb = "started" if started else "already running"
@@ -58,7 +68,9 @@ def _describe(host: devhost.DevHost, started: bool) -> str:
             "",
             "Use it (in this shell):",
             f"  export UPS_HOSTS_FILE={host.hosts_file}",
-            "  fab deploy --host local --config configs/demo.yaml",
+            f"  fab deploy --host {devhost.HOST_NAME} {_workload_here()}",
+            "(`ups deploy` takes the same options from any folder; `fab` needs a fabfile.py "
+            "here or above: `ups init` writes one)",
             "Remove it, with every run deployed to it: ups dev-host down",
         ]
     )
