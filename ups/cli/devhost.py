@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="demo data directory to link into the host's workdir (default: data/demo; "
-        "written with `ups data synth` when missing)",
+        "when missing, written with `ups data synth` if this folder holds configs/demo.yaml, "
+        "which reads it, else none)",
     )
     return p
 

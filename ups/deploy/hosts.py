@@ -361,7 +361,7 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
         raw = yaml.safe_load(file.read_text()) or {}
     except FileNotFoundError:
         raise UsageError(
-            f"hosts file {file} not found (it is {HOSTS_FILE_LOOKUP}). To try deploy on "
+            f"hosts file {file} not found (deploy reads {HOSTS_FILE_LOOKUP}). To try deploy on "
             "this machine, `ups dev-host up` starts a host here and prints the line that "
             "points UPS_HOSTS_FILE at its file. For your own machine write configs/hosts.yaml "
             "with an entry such as `hosts: {gpubox: {kind: container, host: ADDRESS, user: "
