@@ -279,6 +279,6 @@ def stop(
     if outcome is not None:
         target.say(
             f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; "
-            f"checkpoint {outcome.checkpoint}"
+            f"checkpoint {outcome.checkpoint or 'none committed'}"
         )
     return 0 if outcome is not None and outcome.outcome in ("preempted", "finished") else 1
