@@ -149,7 +149,12 @@ def _workload(a: argparse.Namespace) -> ScriptWorkload | None:
     from ups.workload import WorkloadError, load_run_file, script_workload, with_args
 
     script, run_file = getattr(a, "script", None), getattr(a, "run_file", None)
-    words = shlex.split(a.script_args) if getattr(a, "script_args", None) else []
+    try:
+        words = shlex.split(a.script_args) if getattr(a, "script_args", None) else []
+    except ValueError as err:  # an unclosed quote
+        raise UsageError(
+            f"--script-args {a.script_args!r}: {err}; quote it as you would on a shell line"
+        ) from None
     words += getattr(a, "after_dashes", None) or []
     if script is None and run_file is None:
         if words:

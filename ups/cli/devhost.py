@@ -40,9 +40,20 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="demo data directory to link into the host's workdir (default: data/demo; "
-        "written with `ups data synth` when missing)",
+        "when missing, written with `ups data synth` if this folder holds configs/demo.yaml, "
+        "which reads it, else none)",
     )
     return p
+
+
+def _workload_here() -> str:
+    """What a deploy from this folder would run: the demo config in ups's checkout, your
+    run file after `ups init`, else your script."""
+    if Path("configs/demo.yaml").is_file():
+        return "--config configs/demo.yaml"
+    if Path("ups-run.yaml").is_file():
+        return "--run-file ups-run.yaml"
+    return "--script YOUR_SCRIPT.py -- ARGS"
 
 
 def _describe(host: devhost.DevHost, started: bool) -> str:
@@ -58,7 +69,9 @@ def _describe(host: devhost.DevHost, started: bool) -> str:
             "",
             "Use it (in this shell):",
             f"  export UPS_HOSTS_FILE={host.hosts_file}",
-            "  fab deploy --host local --config configs/demo.yaml",
+            f"  fab deploy --host {devhost.HOST_NAME} {_workload_here()}",
+            "(`ups deploy` takes the same options from any folder; `fab` needs a fabfile.py "
+            "here or above: `ups init` writes one)",
             "Remove it, with every run deployed to it: ups dev-host down",
         ]
     )

@@ -250,13 +250,13 @@ class Lease:
         atomic_write_text(self.run_dir / LEASE_FILE, jsonio.dumps(asdict(self._mine())) + "\n")
 
     def take(self, follow_hint: str) -> None:
-        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint`` is
-        the command that watches the run instead)."""
+        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint``: the
+        command that watches the run instead, as :func:`ups.deploy.frontend.command` writes)."""
 
         def refuse(held: Holder) -> LeaseHeld:
             return LeaseHeld(
                 f"run {self.run_id} is already supervised by the {held.describe()}; "
-                f"two supervisors would both recover it. Follow it with `{follow_hint}`, "
+                f"two supervisors would both recover it. Follow it with {follow_hint}, "
                 f"or end that supervisor first (`kill {held.pid}` on {held.host} ends its "
                 "instance per on_exit)."
             )

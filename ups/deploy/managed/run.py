@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.frontend import command
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.controller import Keeper, host_or_user
 from ups.deploy.managed.errors import Interrupted
@@ -114,6 +115,7 @@ def _detached(
     keeper.legs.clear()
     lifecycle.say(
         f"instance {leg.instance_id} keeps running detached; its watchdog ends it at "
-        f"max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` ends it now."
+        f"max_hours. {command('down', '--host', plan.spec.name, '--run', plan.run_id)} ends "
+        "it now."
     )
     return code

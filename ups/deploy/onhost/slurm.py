@@ -17,6 +17,7 @@ from fabric import Connection
 
 from ups import jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.frontend import command
 from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
@@ -146,7 +147,7 @@ def deploy(
     finally:
         conn.close()
     if not plan.follow:
-        target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
+        target.say(f"follow it with: {command('logs', '--host', spec.name, '--run', plan.run_id)}")
         return 0
     code = follow(target, plan.remote, offset=offset)
     return report_end(target, spec, plan.remote, code)
@@ -160,8 +161,8 @@ def _refuse_queued(conn: Connection, spec: SlurmHost, plan: DeployPlan) -> None:
     if state.queued:
         raise DeployError(
             f"run {plan.run_id} is still in the queue on {spec.name!r} ({state.words()}). "
-            f"Follow it with `fab logs --host {spec.name} --run {plan.run_id}`, or stop it "
-            f"first with `fab stop --host {spec.name} --run {plan.run_id}`."
+            f"Follow it with {command('logs', '--host', spec.name, '--run', plan.run_id)}, or "
+            f"stop it first with {command('stop', '--host', spec.name, '--run', plan.run_id)}."
         )
 
 

@@ -2,7 +2,8 @@
 
 The files sent are git's view of the workdir (tracked, plus untracked ones ``.gitignore``
 does not ignore; every file when it is no git checkout, minus the root ``.gitignore``'s
-patterns), plus the run file's ``include``, minus its ``exclude`` (gitignore patterns).
+patterns) without ups's own ``.ups/`` and ``runs/``, plus the run file's ``include``, minus
+its ``exclude`` (gitignore patterns).
 The host keeps what it received in ``.ups-sync.json``; the next deploy sends only the
 files whose SHA-256 differs, as one gzip'd tar, and deletes the files gone here.
 """
@@ -66,6 +67,12 @@ def _patterns(lines: Iterable[str]) -> pathspec.GitIgnoreSpec:
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
+UPS_OWN = ("/.ups/", "/runs/")
+"""ups's own folders in a project, never its code: the dev host's record and deploy state
+(``.ups/``), the runs ``ups launch`` wrote here (``runs/``, checkpoints included). Left out
+unless the run file's ``include`` names them."""
+
+
 def files_to_send(workload: ScriptWorkload) -> list[str]:
     """The workdir's files that go to the host, sorted (relative POSIX paths)."""
     root = workload.workdir
@@ -75,6 +82,8 @@ def files_to_send(workload: ScriptWorkload) -> list[str]:
         ignore = root / ".gitignore"
         ignored = _patterns(ignore.read_text().splitlines() if ignore.is_file() else [])
         chosen = [p for p in everything if not ignored.match_file(p)]
+    own = _patterns(UPS_OWN)
+    chosen = [p for p in chosen if not own.match_file(p)]
     included = _patterns(workload.include)
     excluded = _patterns(workload.exclude)
     picked = set(chosen) | {p for p in everything if included.match_file(p)}
