@@ -157,13 +157,19 @@ def _workload(a: argparse.Namespace) -> ScriptWorkload | None:
         return None
     if sum(x is not None for x in (script, run_file, a.config)) > 1:
         raise UsageError("give one of --config, --script and --run-file")
+    from ups.deploy.onhost.workdir import left_behind
+
     try:
         if run_file is not None:
-            return with_args(load_run_file(Path(run_file)), words)
-        assert script is not None
-        return script_workload(script, words)
+            workload = with_args(load_run_file(Path(run_file)), words)
+        else:
+            assert script is not None
+            workload = script_workload(script, words)
+        if problems := left_behind(workload):
+            raise WorkloadError(workload.source, problems)
     except WorkloadError as err:
         raise UsageError(str(err)) from None
+    return workload
 
 
 def run(name: str, argv: list[str]) -> int:

@@ -81,6 +81,55 @@ def files_to_send(workload: ScriptWorkload) -> list[str]:
     return sorted(p for p in picked if (root / p).is_file() and not excluded.match_file(p))
 
 
+def _ignored_by(root: Path, rel: str) -> str | None:
+    """The ignore rule that leaves ``rel`` out, as ``FILE:LINE: PATTERN``."""
+    try:
+        said = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "-v", "--no-index", "--", rel],
+            capture_output=True,
+            timeout=60,
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        said = ""
+    if said.strip():
+        source, line, pattern = said.split("\t", 1)[0].split(":", 2)
+        return f"{source}:{line}: {pattern}"
+    ignore = root / ".gitignore"
+    if ignore.is_file():
+        for n, line in enumerate(ignore.read_text().splitlines(), 1):
+            if line.strip() and not line.startswith("#") and _patterns([line]).match_file(rel):
+                return f".gitignore:{n}: {line.strip()}"
+    return None
+
+
+def left_behind(workload: ScriptWorkload) -> list[str]:
+    """The script and the workdir files its ``setup`` names that the sync would not send,
+    each with the rule that leaves it out (an ``exclude`` pattern, a ``.gitignore`` line):
+    refused before any host is contacted, since the run could only fail there."""
+    sent = set(files_to_send(workload))
+    root = workload.workdir
+    named = [("script", workload.script)]
+    for command in workload.setup:
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            words = command.split()
+        named += [("setup", w) for w in words if (root / w).is_file()]
+    problems = []
+    for key, rel in dict.fromkeys(named):
+        rel = Path(rel).as_posix()
+        if rel in sent or not (root / rel).is_file():
+            continue
+        excluded = [e for e in workload.exclude if _patterns([e]).match_file(rel)]
+        rule = f"`exclude: {excluded[0]}`" if excluded else _ignored_by(root, rel)
+        why = f"it is left out by {rule}" if rule else "the sync leaves it out"
+        problems.append(
+            f"{key}: {rel!r} would not reach the host: {why}. Add it to `include:` in a run "
+            f"file (or remove that rule); nothing was started"
+        )
+    return problems
+
+
 def manifest(workload: ScriptWorkload) -> Manifest:
     root = workload.workdir
     return {p: [(root / p).stat().st_size, _sha256(root / p)] for p in files_to_send(workload)}

@@ -206,6 +206,12 @@ def tar_run_command(run: RemoteRun, exclude: Sequence[str] = ()) -> str:
     return argv("tar", "-C", parent, *skip, "-cf", "-", name)
 
 
+def tar_paths_command(base: str, paths: Sequence[str]) -> str:
+    """Stream ``paths`` (relative to ``base``) as a tar on stdout; one that is gone is left
+    out rather than failing the rest (for ``fetch``: a script's outputs)."""
+    return argv("tar", "-C", base, "--ignore-failed-read", "-cf", "-", "--", *paths)
+
+
 def write_word_command(path: str, word: str) -> str:
     """Write one word (a number, an id) to ``path`` on the host."""
     return f"echo {q(word)} > {q(path)}"
