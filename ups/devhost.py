@@ -246,6 +246,38 @@ def _end_processes_under(root: Path) -> None:
     _end(_under(root), grace_s=5)
 
 
+def unfetched(host: DevHost) -> list[str]:
+    """The runs deployed to the dev host that ``fab fetch`` has not copied home since they
+    last changed (or still running), as ``RUN_ID (how it stands)``: what ``down`` would
+    delete for good."""
+    from ups.deploy.transport.remote import STATE_DIR as DEPLOY_STATE
+    from ups.deploy.transport.remote import RemoteRun
+    from ups.outcome import read_outcome
+
+    workdir = host.root / "remote"
+    found = []
+    states = workdir / DEPLOY_STATE
+    for state in sorted(states.iterdir()) if states.is_dir() else []:
+        if not state.is_dir() or state.is_symlink():
+            continue
+        output_dir = state / "output_dir"
+        remote = RemoteRun(
+            workdir=str(workdir),
+            run_id=state.name,
+            output_dir=output_dir.read_text().strip() if output_dir.is_file() else "runs",
+        )
+        run_dir = Path(remote.run_dir)
+        files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
+        changed = max((p.stat().st_mtime for p in files), default=0.0)
+        mark = Path(remote.fetched_mark)
+        if mark.is_file() and mark.stat().st_mtime >= changed:
+            continue
+        outcome = read_outcome(run_dir)
+        how = outcome.outcome if outcome is not None else "no outcome yet: running or killed"
+        found.append(f"{state.name} ({how})")
+    return found
+
+
 def down(state_dir: Path = STATE_DIR, grace_s: float = 30) -> DevHost | None:
     """End everything the dev host started and remove it; None when none was recorded."""
     host = read_state(state_dir)

@@ -2,7 +2,9 @@
 
 ``up`` starts a real sshd on 127.0.0.1 in a temporary directory and writes a hosts file
 with its entry (``local``); ``down`` ends the sshd and every run deployed to it and
-removes the directory. Exit codes: 0 done, 1 the host could not start, 2 nothing to stop.
+removes the directory; it first refuses, naming them, while runs deployed there have not
+been copied home by ``fab fetch`` (``--discard`` deletes them anyway). Exit codes: 0 done,
+1 the host could not start, 2 nothing to stop, 3 unfetched runs (nothing was stopped).
 """
 
 from __future__ import annotations
@@ -42,7 +44,16 @@ def _parser() -> argparse.ArgumentParser:
         help="demo data directory to link into the host's workdir (default: data/demo; "
         "written with `ups data synth` when missing)",
     )
+    p.add_argument(
+        "--discard",
+        action="store_true",
+        help="down: delete runs that `fab fetch` has not copied home (refused without it)",
+    )
     return p
+
+
+EXIT_UNFETCHED = 3
+"""``down`` refused: runs on the dev host were not fetched; nothing was stopped."""
 
 
 def _describe(host: devhost.DevHost, started: bool) -> str:
@@ -83,6 +94,17 @@ def main(argv: list[str]) -> int:
             return 2 if recorded is None else 1
         print(_describe(recorded, started=False))
         return 0
+    recorded = devhost.read_state(args.state_dir)
+    if recorded is not None and not args.discard and (runs := devhost.unfetched(recorded)):
+        first = runs[0].split()[0]
+        print(
+            f"ups dev-host down: {len(runs)} run(s) on the dev host were not fetched since they "
+            f"last changed, and would be deleted with it: {', '.join(runs)}. Copy one home "
+            f"with `fab fetch --host {devhost.HOST_NAME} --run {first}` (its outputs too), "
+            "or delete them with the host: `ups dev-host down --discard`. Nothing was stopped.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFETCHED
     stopped = devhost.down(args.state_dir)
     if stopped is None:
         print(

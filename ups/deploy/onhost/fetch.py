@@ -60,7 +60,7 @@ def fetch(target: Target, run_id: str | None, dest: Path, exclude: Sequence[str]
         for name, link in got.links:
             got.notes.append(_copy_link_target(conn, parent, name, link, dest, got))
         _fetch_outputs(target, conn, dest / found.run_id, got)
-        run(conn, rc.write_word_command(found.state(FETCHED), found.run_id), target.spec)
+        run(conn, rc.write_word_command(found.fetched_mark, found.run_id), target.spec)
     finally:
         conn.close()
     for note in got.notes:
@@ -70,11 +70,6 @@ def fetch(target: Target, run_id: str | None, dest: Path, exclude: Sequence[str]
         f"{human_bytes(got.bytes)} -> {dest / found.run_id}"
     )
     return 0
-
-
-FETCHED = "fetched"
-"""In the run's deploy state directory on the host once ``fab fetch`` copied it home
-(``ups dev-host down`` asks before deleting a run without it)."""
 
 
 def _fetch_outputs(target: Target, conn: Connection, home: Path, got: Fetched) -> None:

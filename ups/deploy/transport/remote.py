@@ -67,6 +67,12 @@ class RemoteRun:
         return self.state("exit")
 
     @property
+    def fetched_mark(self) -> str:
+        """Written by ``fab fetch`` once the run came home: ``ups dev-host down`` asks
+        before deleting a run without it, or one that changed after it."""
+        return self.state("fetched")
+
+    @property
     def done_files(self) -> list[str]:
         """The file whose appearance means the log is complete.
 
