@@ -152,10 +152,42 @@ def read_state(state_dir: Path) -> DevHost | None:
     return DevHost(Path(raw["root"]), raw["port"], raw["pid"], Path(raw["hosts_file"]))
 
 
-def up(state_dir: Path = STATE_DIR, data: Path | None = None) -> DevHost:
-    """Start the dev host (or return the running one) and record it in ``state_dir``."""
+SLURM_HOST_NAME = "cluster"
+
+
+def slurm_entry(root: Path, port: int, slurm_conf: Path) -> dict[str, Any]:
+    """A ``kind: slurm`` entry whose login node is the dev host: the two-node cluster that
+    ``scripts/slurm-setup.sh start DIR`` runs on this machine (``DIR/slurm.conf``)."""
+    entry = host_entry(root, port)
+    for field in ("image", "gpus"):
+        entry.pop(field)
+    return {
+        **entry,
+        "kind": "slurm",
+        "remote_env": f"export SLURM_CONF={slurm_conf.resolve()}",
+        "nodes": 2,
+        "ranks_per_node": 1,
+    }
+
+
+def write_hosts(host: DevHost, slurm_conf: Path | None = None) -> None:
+    """The hosts file: ``local`` (container kind), and ``cluster`` (Slurm) when asked for."""
+    entries = {HOST_NAME: host_entry(host.root, host.port)}
+    if slurm_conf is not None:
+        entries[SLURM_HOST_NAME] = slurm_entry(host.root, host.port, slurm_conf)
+    hosts = {"known_hosts": str(host.root / "known_hosts"), "hosts": entries}
+    host.hosts_file.write_text(yaml.safe_dump(hosts, sort_keys=False))
+
+
+def up(
+    state_dir: Path = STATE_DIR, data: Path | None = None, slurm_conf: Path | None = None
+) -> DevHost:
+    """Start the dev host (or return the running one) and record it in ``state_dir``;
+    with ``slurm_conf``, its hosts file names the local Slurm cluster too."""
     running = read_state(state_dir)
     if running is not None and running.alive():
+        if slurm_conf is not None:
+            write_hosts(running, slurm_conf)
         return running
     if running is not None:
         down(state_dir)  # recorded but dead (machine rebooted): clear what is left
@@ -184,13 +216,8 @@ def up(state_dir: Path = STATE_DIR, data: Path | None = None) -> DevHost:
         workdir = root / "remote"
         _link_data(workdir, data, root)
         state_dir.mkdir(parents=True, exist_ok=True)
-        hosts_file = (state_dir / "hosts.yaml").resolve()
-        hosts = {
-            "known_hosts": str(root / "known_hosts"),
-            "hosts": {HOST_NAME: host_entry(root, port)},
-        }
-        hosts_file.write_text(yaml.safe_dump(hosts, sort_keys=False))
-        host = DevHost(root, port, proc.pid, hosts_file)
+        host = DevHost(root, port, proc.pid, (state_dir / "hosts.yaml").resolve())
+        write_hosts(host, slurm_conf)
         record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(host).items()}
         (state_dir / "state.json").write_text(json.dumps(record, indent=2) + "\n")
         return host

@@ -45,6 +45,15 @@ def _parser() -> argparse.ArgumentParser:
         "written with `ups data synth` when missing)",
     )
     p.add_argument(
+        "--slurm-conf",
+        type=Path,
+        default=None,
+        metavar="SLURM_CONF",
+        help="up: add a `cluster` entry (kind: slurm, 2 nodes) for the Slurm cluster this "
+        "slurm.conf describes, reached through the dev host (`scripts/slurm-setup.sh start "
+        "DIR` runs one on this machine and prints it)",
+    )
+    p.add_argument(
         "--discard",
         action="store_true",
         help="down: delete runs that `fab fetch` has not copied home (refused without it)",
@@ -59,17 +68,20 @@ EXIT_UNFETCHED = 3
 def _describe(host: devhost.DevHost, started: bool) -> str:
     entry = yaml.safe_load(host.hosts_file.read_text())["hosts"]
     verb = "started" if started else "already running"
+    slurm_too = devhost.SLURM_HOST_NAME in entry
+    slurm = [f"  fab deploy --host {devhost.SLURM_HOST_NAME} --config configs/demo.yaml"]
     return "\n".join(
         [
             f"dev host {verb}: sshd on 127.0.0.1:{host.port} (pid {host.pid}), files in "
             f"{host.root}",
-            f"hosts file {host.hosts_file} holds this entry:",
+            f"hosts file {host.hosts_file} holds {'these entries' if slurm_too else 'this entry'}:",
             "",
             *("  " + line for line in yaml.safe_dump(entry, sort_keys=False).splitlines()),
             "",
             "Use it (in this shell):",
             f"  export UPS_HOSTS_FILE={host.hosts_file}",
             "  fab deploy --host local --config configs/demo.yaml",
+            *(slurm if slurm_too else []),
             "Remove it, with every run deployed to it: ups dev-host down",
         ]
     )
@@ -81,7 +93,7 @@ def main(argv: list[str]) -> int:
         running = devhost.read_state(args.state_dir)
         started = running is None or not running.alive()
         try:
-            host = devhost.up(args.state_dir, args.data)
+            host = devhost.up(args.state_dir, args.data, args.slurm_conf)
         except devhost.DevHostError as exc:
             print(f"ups dev-host up: {exc}", file=sys.stderr)
             return 1

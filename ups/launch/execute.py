@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 import signal
 import sys
 import time
@@ -62,14 +63,7 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         level = logging.WARNING if outcome.outcome == "preempted" else logging.ERROR
         retryable, _ = retry_verdict(outcome)
         if retryable and outcome.outcome != "finished":
-            extra["resume"] = (
-                "run the same command again to continue from the last checkpoint"
-                if plan.script is None
-                else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
-                if outcome.checkpoint
-                # the script committed no checkpoint: it starts from the beginning
-                else "run the same command again to start the script again"
-            )
+            extra["resume"] = _resume_hint(plan, outcome)
     if outcome.resumed_from is not None and plan.script is not None:
         extra["resumed_from"] = outcome.resumed_from
     for warning in outcome.warnings:
@@ -87,6 +81,27 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         run_dir=plan.run_dir,
         exit_code=code,
         **extra,
+    )
+
+
+SLURM_JOB_ENV = "SLURM_JOB_ID"
+"""Set in a Slurm job's processes: a preempted or requeued job comes back by itself."""
+
+
+def _resume_hint(plan: LaunchPlan, outcome: Outcome) -> str:
+    again = (
+        "run the same command again to continue from the last checkpoint"
+        if plan.script is None
+        else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
+        if outcome.checkpoint
+        # the script committed no checkpoint: it starts from the beginning
+        else "run the same command again to start the script again"
+    )
+    if SLURM_JOB_ENV not in os.environ:
+        return again
+    return (
+        f"a requeued Slurm job (slurm job {os.environ[SLURM_JOB_ENV]}) starts again by itself "
+        "from here; after `fab stop`, the same `fab deploy` continues it"
     )
 
 
