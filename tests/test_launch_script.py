@@ -285,7 +285,10 @@ def test_a_scripts_stop_is_told_from_its_ranks_exit_codes_and_the_run_continues(
     assert rc == 75, said[-3000:]
     resuming = events_named(said, "resuming_run")
     assert [e["run_id"] for e in resuming] == [run_id]
-    assert "(no committed checkpoint: the script starts from its beginning)" in resuming[0]["text"]
+    assert resuming[0]["text"] == (
+        f"resuming run {run_id}: no committed checkpoint, so the script starts from its beginning"
+    )
+    assert resuming[0]["why"] == failed["reason"]
     preempted = outcome_of(run_dir)
     saved = str((out / run_id / "checkpoints" / "snapshot.pt").resolve())
     assert preempted["outcome"] == "preempted" and preempted["run_id"] == run_id

@@ -15,7 +15,6 @@ import pytest
 from ups.cli.launch import LOG_FORMATS
 from ups.cli.launch import main as launch_main
 from ups.console import LOG_FORMATS as CONSOLE_LOG_FORMATS
-from ups.deploy.onhost.workdir import left_behind
 from ups.launch.finalize import exit_code, finalize_outcome
 from ups.launch.plan import LaunchPlan, LaunchRequest, build_plan
 from ups.launch.ranklogs import last_words
@@ -23,6 +22,7 @@ from ups.launch.scriptrun import record_outputs
 from ups.launch.torchrun import TorchrunResult, WorkerExit, stop_announcement
 from ups.outcome import EXIT_CONFIG, Outcome, write_outcome
 from ups.rundir import ScriptRuns, choose_run, mark_latest
+from ups.workfiles import left_behind
 from ups.workload import WorkloadError, load_run_file, script_workload
 
 

@@ -202,16 +202,18 @@ def _announce(plan: LaunchPlan) -> None:
     )
     if plan.resume is not None:
         r = plan.resume
-        start = (
-            f"from step {r['step']}"
+        text = (
+            f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished ({r['why']})"
             if r["step"] is not None
-            else f"(the script gets UPS_RESUME={r['checkpoint']})"
+            # a script's: its outcome's reason is in `why`, often naming the checkpoint again
+            else f"resuming run {r['run_id']}: the script gets UPS_RESUME={r['checkpoint']}"
             if r["checkpoint"]
-            else "(no committed checkpoint: the script starts from its beginning)"
+            else f"resuming run {r['run_id']}: no committed checkpoint, so the script starts "
+            "from its beginning"
         )
         log.warning(
             "resuming_run",
-            text=f"resuming run {r['run_id']} {start}: it ended unfinished ({r['why']})",
+            text=text,
             run_id=r["run_id"],
             step=r["step"],
             why=r["why"],
