@@ -25,7 +25,7 @@ from ups.bucket import (
     parse_url,
 )
 from ups.bucket.checkpoints import local_checkpoints, prune, upload_checkpoint
-from ups.bucket.uploader import restore_logs
+from ups.bucket.uploader import final_pass, restore_logs
 
 __all__ = ["s3_server"]  # fixture used by name below
 
@@ -103,6 +103,19 @@ def test_store_round_trip(s3_server: S3Server, tmp_path: Path) -> None:
     assert bucket.get_bytes("r1/logs/rank0.jsonl") == b'{"step": 1}\n{"step": 2}\n'
     assert not (new_host / "logs" / "launch.log").exists()
     assert (new_host / "logs" / "rank1.jsonl").read_text() == "mine\n"
+
+    # A script's outputs outside its run directory (script-outputs.json, as ups launch
+    # records them) go up with the run's last pass, under outputs/ as fab fetch lays them.
+    work = tmp_path / "work"
+    (work / "lightning_logs" / "version_0").mkdir(parents=True)
+    (work / "lightning_logs" / "version_0" / "metrics.csv").write_text("step,loss\n")
+    (work / "snapshot.pt").write_bytes(b"w")
+    record = {"workdir": str(work), "paths": ["lightning_logs", "snapshot.pt"], "missing": []}
+    (new_host / "script-outputs.json").write_text(json.dumps(record))
+    final_pass(bucket, "r1", new_host, 1, timeout=60, script_dir=tmp_path / "none")
+    assert {"r1/outputs/lightning_logs/version_0/metrics.csv", "r1/outputs/snapshot.pt"} <= set(
+        bucket.list("r1/outputs/")
+    )
 
 
 @pytest.mark.slow
