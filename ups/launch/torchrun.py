@@ -227,10 +227,10 @@ def handling_stop_signals(
             signal.signal(s, h)
 
 
-def stop_announcement(plan: LaunchPlan, name: str) -> str:
+def stop_announcement(plan: LaunchPlan | None, name: str) -> str:
     """What a stop asks of whom: ups's trainer stops at a step and saves; a script is only
     sent SIGTERM, and what it does then is its own (docs/script.md)."""
-    if plan.script is None:
+    if plan is None or plan.script is None:
         return f"{received(name)}: the workers stop at the next step and save a checkpoint"
     return (
         f"{received(name)}: SIGTERM sent to the script's ranks; they have "
@@ -240,7 +240,10 @@ def stop_announcement(plan: LaunchPlan, name: str) -> str:
 
 @contextmanager
 def _forward_signals(
-    proc: subprocess.Popen[bytes], state: dict[str, str], request: Path, plan: LaunchPlan
+    proc: subprocess.Popen[bytes],
+    state: dict[str, str],
+    request: Path,
+    plan: LaunchPlan | None = None,
 ) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
 
