@@ -148,6 +148,13 @@ def test_the_trainer_saying_preempted_is_not_believed_over_a_rank_that_failed(
     )
     write_outcome(run_dir, written)
     assert finalize_outcome(plan, _stopped((75, 75), time.time())).outcome == "preempted"
+    # Node 1 of two: its ranks stopped cleanly; rank 0 writes the outcome on node 0.
+    req = LaunchRequest(config_path="c.yaml", output_dir=str(tmp_path / "n1"), run_id="t",
+                        nnodes=2, node_rank=1, rdzv_endpoint="127.0.0.1:29400")  # fmt: skip
+    node1 = build_plan(req, None, gpu_count=0, pick_port=lambda p: p, environ={})
+    other = finalize_outcome(node1, _stopped((75,), time.time()))
+    assert (other.outcome, other.exit_code) == ("preempted", 75), other.reason
+    assert "rank 0, on node 0, writes the run's checkpoint and outcome" in other.reason
 
 
 def test_ranks_that_never_met_finish_with_a_warning(tmp_path: Path) -> None:

@@ -125,15 +125,26 @@ def _after_the_stop(plan: LaunchPlan, result: TorchrunResult) -> Outcome | None:
 
     ``preempted`` only when every rank exited 0 (or 75) after it, naming the checkpoint the
     script committed since, or saying it committed none; else ``failed``, naming the first
-    rank that did not, its code or signal and its last line on stderr. None for the
-    trainer when every rank exited cleanly without an outcome (told as before)."""
+    rank that did not, its code or signal and its last line on stderr. For the trainer,
+    another node's ranks ending cleanly are "preempted" (rank 0 writes the run's outcome on
+    node 0); None on node 0 when rank 0 wrote none though every rank exited cleanly (told
+    as before: stopped)."""
     sig = result.received_signal
     assert sig is not None
     unclean = result.unclean()
     node = f"all {len(result.workers)} rank(s) on node {plan.node_rank}"
     if not unclean:
+        if plan.script is None and plan.node_rank == 0:
+            return None  # the trainer's rank 0 writes the outcome; it left none
         if plan.script is None:
-            return None
+            reason = (
+                f"{received(sig)} by ups launch; {node} exited 0 or 75 after the stop (rank 0, "
+                "on node 0, writes the run's checkpoint and outcome)"
+            )
+            return _outcome(
+                plan, result, outcome="preempted", exit_code=EXIT_PREEMPTED, reason=reason,
+                signal=sig, cause="preempted",
+            )  # fmt: skip
         reason = (
             f"{received(sig)} by ups launch; {node} exited 0 after the stop; "
             f"{_committed_since(plan, result.stopped_at)}"
