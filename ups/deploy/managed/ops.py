@@ -77,7 +77,12 @@ class VastDeploy:
     mode: str
 
     def choose_run(self) -> None:
-        """Nothing to decide on a host: the run's record says which run continues."""
+        """Nothing to decide on a host: the run's record says which run continues, and
+        which instance it trains on (the plan then says it is picked up, not rented)."""
+        state = supervision.load(self.plan.local_runs / self.plan.run_id)
+        current = state.current() if state is not None and not state.ended else None
+        if current is not None:
+            self.plan = dataclasses.replace(self.plan, picks_up=current.instance_id)
 
     def render(self) -> str:
         return self.plan.render()
@@ -114,7 +119,8 @@ class VastDeploy:
 
         mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
         sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
-        held = lease.Lease(run_dir, plan.run_id, self.mode, bucket, say=say, stop_main=True)
+        mode = lease.DETACHING if detach else self.mode  # a detached deploy only starts it
+        held = lease.Lease(run_dir, plan.run_id, mode, bucket, say=say, stop_main=True)
         held.take(follow_hint=command("logs", "--host", spec.name, "--run", plan.run_id))
         sup.fence = held.check
         try:
@@ -459,6 +465,7 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
         hosts_file=state.hosts_file,
         mode="detached",
     )
+    deploy.choose_run()
     out.write(deploy.render() + "\n")
     out.flush()
     return deploy.run()

@@ -59,7 +59,7 @@ def run(
         keeper.log.close()
         raise
     except KeyboardInterrupt as exc:
-        reason = f"interrupted ({exc or 'Ctrl-C'})"
+        reason = f"interrupted ({str(exc) or 'Ctrl-C'})"
         problems = _end_all(lifecycle, keeper, reason)
         raise Interrupted(
             f"{reason}: ended the instance per on_exit ({plan.spec.on_exit}) before exiting."

@@ -277,8 +277,7 @@ def stop(
     finally:
         conn.close()
     if outcome is not None:
-        target.say(
-            f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; "
-            f"checkpoint {outcome.checkpoint or 'none committed'}"
-        )
+        saved = f"checkpoint {outcome.checkpoint}" if outcome.checkpoint else "no checkpoint"
+        target.say(f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; {saved}")
+        target.say(f"  {outcome.reason}")
     return 0 if outcome is not None and outcome.outcome in ("preempted", "finished") else 1

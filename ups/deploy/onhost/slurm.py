@@ -57,7 +57,9 @@ class JobState:
     def words(self) -> str:
         if self.pending:
             where = f"position {self.position or '?'} in the queue"
-            return f"job {self.job_id} pending ({self.reason}), {where}"
+            # Slurm says "None" for a job it has not looked at yet (just submitted).
+            why = f" ({self.reason})" if self.reason not in ("", "None", "(null)") else ""
+            return f"job {self.job_id} pending{why}, {where}"
         if self.state == "RUNNING":
             return f"job {self.job_id} running on {self.nodes}"
         return f"job {self.job_id} {self.state.lower() or 'no longer known to Slurm'}"
@@ -218,6 +220,8 @@ def report_end(target: Target, spec: SlurmHost, found: rc.RemoteRun, code: int) 
         reports = run(conn, sl.preflight_reports_command(found), spec).stdout
         starts = [line.split() for line in attempts.splitlines() if len(line.split()) > 1]
         job_id = starts[-1][1] if starts else ""
+        # The run's earlier jobs (a stopped run deployed again) are not this job's starts.
+        starts = [words for words in starts if words[1] == job_id]
         sacct = run(conn, sl.sacct_command(job_id), spec).stdout if job_id.isdigit() else ""
     finally:
         conn.close()
