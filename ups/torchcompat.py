@@ -70,6 +70,44 @@ def ddp_no_forward_buffer_sync() -> dict[str, Any]:
     return {"broadcast_buffers": False}
 
 
+SHUTDOWN_TIMEOUT = "--shutdown-timeout"
+
+
+def torchrun_argv(argv: list[str]) -> tuple[list[str], int | None]:
+    """``argv`` for this torch's torchrun parser, and the grace to provide another way.
+
+    ``ups launch`` gives torchrun ``--shutdown-timeout=S``: the seconds between forwarding
+    SIGTERM to the workers and SIGKILL, so a final checkpoint can finish. torchrun's parser
+    has the option from 2.13 on; before it, the option is taken out of ``argv`` and its
+    seconds returned, for :func:`close_workers_within` (torchrun would otherwise kill the
+    workers after a fixed 30 s, cutting a slow checkpoint short).
+    """
+    from torch.distributed.run import get_args_parser
+
+    _, unknown = get_args_parser().parse_known_args(argv)
+    found = [a for a in unknown if a.split("=", 1)[0] in (SHUTDOWN_TIMEOUT, "--shutdown_timeout")]
+    if not found:
+        return argv, None
+    kept = list(argv)
+    for token in found:
+        kept.remove(token)  # its first place: torchrun's options, before the script
+    return kept, int(found[-1].split("=", 1)[1])
+
+
+def close_workers_within(seconds: int) -> None:
+    """Make torchrun's worker context wait ``seconds`` after its stop signal before SIGKILL:
+    the default of ``PContext.close(death_sig, timeout=30)`` (torch's documented elastic
+    multiprocessing API), which the agent's shutdown calls without a timeout before 2.13."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    close = PContext.close
+
+    def close_within(self: Any, death_sig: Any = None, timeout: int = seconds) -> None:
+        close(self, death_sig, timeout)
+
+    PContext.close = close_within  # type: ignore[method-assign]
+
+
 FSDP_RESET = "FSDPModule.reset_iter_state"
 FSDP_RESET_SINCE = "2.13"
 """The first release with it (checked in the wheels of 2.11, 2.12 and 2.13)."""
@@ -95,9 +133,11 @@ def fsdp_missing() -> str | None:
 __all__ = [
     "FSDP_RESET_SINCE",
     "SUPPORTED_TORCH",
+    "close_workers_within",
     "ddp_no_forward_buffer_sync",
     "fsdp_missing",
     "in_supported_range",
     "release",
     "supported_range_text",
+    "torchrun_argv",
 ]
