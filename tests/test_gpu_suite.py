@@ -78,7 +78,12 @@ def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path)
     for name in EVERYWHERE:
         assert steps[name]["status"] == "passed", steps[name]
         assert steps[name]["duration_s"] > 0
-    assert doc["counts"] == {"passed": len(EVERYWHERE), "failed": 0, "skipped": len(CUDA_ONLY)}
+    assert doc["counts"] == {
+        "passed": len(EVERYWHERE),
+        "failed": 0,
+        "known": 0,
+        "skipped": len(CUDA_ONLY),
+    }
     assert doc["facts"]["torch"] == str(torch.__version__)
     assert doc["facts"]["device"] is None and doc["facts"]["cuda"] is None
     assert "eval/advection/rel_l2" in steps["train-cpu"]["details"]["metrics"]
@@ -171,3 +176,46 @@ def test_results_file_stays_strict_json_with_non_finite_numbers() -> None:
     suite = _script("gpu_suite")
     clean = suite.finite({"a": [1.0, math.nan], "b": {"c": math.inf, "d": "x"}})
     assert clean == {"a": [1.0, None], "b": {"c": None, "d": "x"}}
+
+
+PROBE = """import os, sys
+with open(os.environ["BENCH_SITE_PROBE"], "a") as fh:
+    fh.write(" ".join(sys.argv) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_bench_step_keeps_the_callers_path_and_each_cases_numbers(
+    tmp_path: Path, make_config: Any
+) -> None:
+    """benchmarks/bench_step.py (the suite's ``throughput``): its ranks import from the
+    caller's PYTHONPATH too (on the GPU machine the carried wheels live only there; a
+    folder's sitecustomize.py records each process that saw it), and a case that fails
+    (fp16 on gloo, which the trainer refuses) is marked failed with its reason in the
+    table while the other case keeps its numbers; exit 1."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PROBE)
+    probe, out = tmp_path / "probe.txt", tmp_path / "bench"
+    config = make_config(training={"batch_size": 4})
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_step.py", "--config", str(config), "--nproc", "1",
+         "--backend", "gloo", "--steps", "2", "--warmup", "1", "--repeats", "1",
+         "--util-seconds", "0", "--cases", "ddp:tiny:fp16", "ddp:tiny:fp32", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=_env(PYTHONPATH=str(site), BENCH_SITE_PROBE=str(probe)),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 case(s) failed: ddp:tiny:fp16 (this)" in proc.stderr
+    rank = f"{REPO / 'benchmarks' / 'bench_step.py'} --worker "  # not torchrun's `-m ...`
+    workers = [line for line in probe.read_text().splitlines() if line.startswith(rank)]
+    assert len(workers) == 2, probe.read_text()  # the one rank of each case
+    rows = {r["case"]: r for r in strict_json(out.with_suffix(".json"))}
+    assert "training.precision: fp16 needs CUDA" in rows["ddp:tiny:fp16"]["failed"]
+    assert rows["ddp:tiny:fp16"]["tries"] == []
+    assert rows["ddp:tiny:fp32"]["failed"] is None
+    assert rows["ddp:tiny:fp32"]["tries"][0]["plain samples/s"] > 0
+    table = out.with_suffix(".txt").read_text()
+    assert "| this | ddp | tiny | fp16 | FAILED: training.precision: fp16 needs CUDA" in table
+    fp32 = next(line for line in table.splitlines() if "| tiny | fp32 |" in line)
+    assert fp32.count("|") == 13 and "FAILED" not in fp32
