@@ -4,12 +4,13 @@ machine without a GPU: ``--cpu`` end to end, the wheels' size against the device
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -219,3 +220,47 @@ def test_bench_step_keeps_the_callers_path_and_each_cases_numbers(
     assert "| this | ddp | tiny | fp16 | FAILED: training.precision: fp16 needs CUDA" in table
     fp32 = next(line for line in table.splitlines() if "| tiny | fp32 |" in line)
     assert fp32.count("|") == 13 and "FAILED" not in fp32
+
+
+def test_compile_failing_on_a_reproduced_torch_bug_is_known_not_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train-cuda-compile`` when the compiled run fails with inductor's stride assertion:
+    the suite runs the minimal reproduction; where it fails the same way (exit 1: the torch
+    bug is on this machine) the step is ``known`` with the upstream links and both errors,
+    counted apart and not failing the suite; where it does not, the step fails. A FAKE of
+    the two processes (the CUDA run and the reproduction), which need a GPU."""
+    suite = _script("gpu_suite")
+    said = ("torch.compile failed before the first step on rank(s) [0] (rank 0: AssertionError: "
+            "expected size 64==64, stride 64==1 at dim=1; ...)")  # fmt: skip
+
+    def compiled_run(*_a: Any, **_k: Any) -> Any:
+        def run(_s: Any) -> dict[str, Any]:
+            raise suite.StepFailed(f"train-cuda-fp32-compile: exit 1, failed: {said}")
+
+        return run
+
+    monkeypatch.setattr(suite, "_cuda_run", compiled_run)
+    args = SimpleNamespace(budget_s=60.0, cpu=False, results_dir=tmp_path)
+    s = suite.Suite(args=args, cuda=True, work=tmp_path)  # type: ignore[arg-type]
+    step = next(st for st in suite.STEPS if st.name == "train-cuda-compile")
+    repro = {"torch": "2.11.0+cu130", "error": "AssertionError: expected size 64==64"}
+    records = {}
+    for rc in (1, 0):  # the reproduction failed the same way / ran clean
+
+        def sh(self: Any, cmd: list[str], timeout: float, rc: int = rc) -> Any:
+            out = json.dumps({**repro, "reproduced": rc == 1}) + "\n"
+            return subprocess.CompletedProcess(cmd, rc, out, "")
+
+        monkeypatch.setattr(suite.Suite, "sh", sh)
+        records[rc] = suite._run_step(s, step)
+    known, failed = records[1], records[0]
+    assert known["status"] == "known", known
+    assert "https://github.com/pytorch/pytorch/issues/171622" in known["reason"]
+    assert known["details"]["repro"]["reproduced"] is True
+    assert known["details"]["ups"].endswith(said)
+    assert failed["status"] == "failed" and "the cause is not known" in failed["reason"]
+    s.results[step.name] = known
+    suite.write_results(s, {"schema_version": 1})
+    doc = strict_json(tmp_path / "gpu-suite.json")
+    assert doc["counts"] == {"passed": 0, "failed": 0, "known": 1, "skipped": 0}
