@@ -13,7 +13,7 @@
 # that need it (tests/test_torch_range.py) wait on the same lock.
 #
 # newest: the same for the newest release the range admits (TORCH, default 2.15.0), past
-# this machine's pip constraint (it caps torch at 2.14.1: PIP_CONSTRAINT is emptied for the
+# this machine's pip constraint (it caps torch at 2.14.1: PIP_CONSTRAINT=/dev/null for the
 # install only), then the quick tier, a 2-rank run stopped and resumed, and preflight under
 # it (tests/test_torch_range.py with UPS_TORCH_VENV pointing at it); the summary goes to
 # benchmarks/results/torch-newest-DATE.txt.
@@ -63,7 +63,7 @@ newest)
     venv=${2:-/tmp/ups-torch-newest}
     version=${TORCH:-2.15.0}
     start=$(date +%s)
-    install "$venv" "$version" PIP_CONSTRAINT=
+    install "$venv" "$version" PIP_CONSTRAINT=/dev/null
     installed=$(($(date +%s) - start))
     out="benchmarks/results/torch-newest-$(date -u +%Y-%m-%d).txt"
     log=$(mktemp)
