@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.conftest import REPO, worker_env
 from tests.lifecycle_helpers import MARKER, assert_no_survivors, finish, outcome, wait_for
 from ups.config.schema import TrainingConfig
+from ups.preflight.checks.ports import pick_free_port
 from ups.torchcompat import (
     SUPPORTED_TORCH,
     ddp_no_forward_buffer_sync,
@@ -40,6 +41,8 @@ from ups.torchcompat import (
 from ups.train.strategies import strategy_problems
 
 OLDEST_VENV = REPO / ".venv-torch-oldest"
+RANGE = pytest.mark.xdist_group("torch-range")
+"""The tests that need the range's venv share one worker: one waits for the install, not two."""
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +106,7 @@ def test_each_feature_is_chosen_by_what_this_torch_has() -> None:
 
 
 @pytest.mark.slow
+@RANGE
 def test_quick_tier_passes_under_the_oldest_torch(range_python: Path) -> None:
     """Every test of the quick tier (no processes) passes under the range's torch, skipping
     nothing but GPU tests (tests/conftest.py fails any other skip)."""
@@ -120,12 +124,14 @@ def test_quick_tier_passes_under_the_oldest_torch(range_python: Path) -> None:
 
 
 @pytest.mark.slow
+@RANGE
 def test_launch_stop_resume_and_preflight_under_the_oldest_torch(
     range_python: Path, make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Under the range's torch: `ups launch` of a 2-rank run, SIGTERM once it trains (exit 75,
     a checkpoint), the same command resumes it to `finished`, nothing survives; preflight on
-    that config passes, its versions row warning with the pinned and the running torch."""
+    that config passes (on a free master port: other tests may hold 29500), its versions row
+    warning with the pinned and the running torch."""
     version = _torch_version(range_python)
     cfg = make_config(training={"max_steps": 100_000, "epochs": 1000},
                       checkpoint={"every_steps": 100_000})  # fmt: skip
@@ -155,7 +161,7 @@ def test_launch_stop_resume_and_preflight_under_the_oldest_torch(
 
     pre = subprocess.run(
         [str(range_python), "-m", "ups.preflight.cli", "--config", str(cfg), "--json",
-         "--events", "off"],
+         "--events", "off", "--master-port", str(pick_free_port(0, "127.0.0.1"))],
         capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO,
     )  # fmt: skip
     assert pre.returncode == 0, f"torch {version}:\n{pre.stdout[-3000:]}{pre.stderr[-2000:]}"
