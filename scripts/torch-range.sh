@@ -32,6 +32,12 @@ print(ast.literal_eval(re.search(r"SUPPORTED_TORCH = (\(.*?\))", src).group(1))[
 install() {  # VENV TORCH_SPEC [pip environment...]
     local venv=$1 spec=$2
     shift 2
+    # A release outside the range is refused before 3 GB are downloaded for it.
+    "$PY" -c 'import sys; sys.path.insert(0, ".")
+from ups.torchcompat import in_supported_range, supported_range_text
+if not in_supported_range(sys.argv[1].replace("*", "0")):
+    sys.exit(f"torch-range: torch {sys.argv[1]} is outside ups'"'"'s supported range "
+             f"torch{supported_range_text()} (ups/torchcompat.py); pick a release inside it")' "$spec"
     mkdir -p "$(dirname "$venv")"
     exec 9>"$venv.lock"
     flock 9
