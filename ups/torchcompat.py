@@ -110,7 +110,7 @@ def close_workers_within(seconds: int) -> None:
 
 FSDP_RESET = "FSDPModule.reset_iter_state"
 FSDP_RESET_SINCE = "2.13"
-"""The first release with it (checked in the wheels of 2.11, 2.12 and 2.13)."""
+"""The first release with it (absent from the 2.11 and 2.12 wheels, present in 2.13 and 2.15)."""
 
 
 def fsdp_missing() -> str | None:
