@@ -47,13 +47,16 @@ def run(device: str, contiguous: bool) -> dict[str, object]:
     torch.manual_seed(0)
     batch, tokens, dim, patch = 32, 64, 64, 8  # the demo's Darcy decoder on a 64 x 64 grid
     grid = (8, 8)
+    norm = nn.LayerNorm(dim).to(device)
     deconv = nn.ConvTranspose2d(dim, 1, kernel_size=patch, stride=patch).to(device)
+    offset = torch.randn(1, 64, 64, device=device)
 
-    def decode(z: torch.Tensor) -> torch.Tensor:
-        x = z.transpose(1, 2).reshape(batch, dim, *grid)  # channels-last strides
+    def decode(z: torch.Tensor) -> torch.Tensor:  # ups.model.operator.PatchDecoder's forward
+        x = norm(z).transpose(1, 2).reshape(batch, dim, *grid)  # channels-last strides
         if contiguous:
             x = x.contiguous()
-        return deconv(x)  # type: ignore[no-any-return]
+        out: torch.Tensor = deconv(x) * 0.5 + offset
+        return out
 
     z = torch.randn(batch, tokens, dim, device=device, requires_grad=True)
     eager = decode(z)
