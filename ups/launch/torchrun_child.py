@@ -47,6 +47,7 @@ from torch.distributed.run import get_args_parser, run
 
 from ups import jsonio
 from ups.fsio import atomic_write_text
+from ups.torchcompat import close_workers_within, torchrun_argv
 
 _PR_SET_PDEATHSIG = 1
 
@@ -173,7 +174,10 @@ class WorkerWatch:
 def main(argv: list[str]) -> int:
     _die_with_parent()
     result_path = Path(argv[0])
-    args = get_args_parser().parse_args(argv[1:])
+    torchrun_args, grace = torchrun_argv(argv[1:])
+    if grace is not None:  # this torchrun has no --shutdown-timeout: the same another way
+        close_workers_within(grace)
+    args = get_args_parser().parse_args(torchrun_args)
     # Each rank's --redirects destinations become named pipes that launch reads
     # (ups.launch.ranklogs). torchrun picks its LogsSpecs class by entry-point name; this
     # child runs torchrun in-process, so it hands over the class directly instead of
