@@ -28,7 +28,8 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "training": {"strategy": "ddp", "precision": "bf16", "compiled": true,
                    "accum_steps": 4, "oom_policy": "skip"},
       "stall": {"seconds": 31.2, "timeout_s": 30, "odd_ranks": [1], "summary": "...",
-                "stacks": "runs/<id>/stacks", "last_step": {"0": 412}}  # cause stalled
+                "stacks": "runs/<id>/stacks", "last_step": {"0": 412}},  # cause stalled
+      "warnings": ["2 ranks ran, none joined a process group: ..."]
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).
@@ -93,6 +94,9 @@ class Outcome:
     training: dict[str, Any] | None = None
     """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
     ``oom_policy``; null when it ended before training was set up."""
+    warnings: list[str] = field(default_factory=list)
+    """What a run that ended as it did should not have done (several ranks that never
+    joined a process group), one sentence each."""
     checkpoint_sync: dict[str, Any] | None = None
     """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
     ``pending`` (on this host only) and whether the final upload completed."""

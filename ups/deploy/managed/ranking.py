@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ups.deploy.managed.ledger import Measurement
-from ups.preflight.known_good import lookup
+from ups.preflight.known_good import bf16_tflops
 
 MEASURED = "measured"
 API_ORDER = "dph_total"
@@ -60,8 +60,7 @@ class Ranked:
 
 
 def _model_tflops(gpu_name: str) -> float | None:
-    row = lookup(gpu_name.replace("_", " "))
-    return None if row is None else row.tflops.get("bf16")
+    return bf16_tflops(gpu_name.replace("_", " "))
 
 
 def rank(
