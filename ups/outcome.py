@@ -27,6 +27,8 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
       "training": {"strategy": "ddp", "precision": "bf16", "compiled": true,
                    "accum_steps": 4, "oom_policy": "skip"},
+      "stall": {"seconds": 31.2, "timeout_s": 30, "odd_ranks": [1], "summary": "...",
+                "stacks": "runs/<id>/stacks", "last_step": {"0": 412}},  # cause stalled
       "warnings": ["2 ranks ran, none joined a process group: ..."]
     }
 
@@ -57,6 +59,9 @@ EXIT_SAVE_FAILED = 74
 stopped. Fix the disk, then resume. EX_IOERR."""
 EXIT_PREEMPTED = 75
 """SIGTERM received (docker stop, Vast preemption); a checkpoint was written. EX_TEMPFAIL."""
+EXIT_STALLED = 124
+"""A ``--script`` run made no progress for ``--stall-timeout`` seconds; ups recorded every
+rank's stack and ended it (the code GNU ``timeout`` exits with when it ends its command)."""
 
 Kind = Literal["finished", "failed", "preempted"]
 
@@ -95,6 +100,9 @@ class Outcome:
     checkpoint_sync: dict[str, Any] | None = None
     """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
     ``pending`` (on this host only) and whether the final upload completed."""
+    stall: dict[str, Any] | None = None
+    """Cause ``stalled``: how long no rank made progress, the timeout, the odd rank(s), where
+    every rank was, the stack files' directory, each rank's last reported step."""
 
     @property
     def at_step(self) -> str:

@@ -15,6 +15,7 @@ A script comes as ``--script PATH -- ARGS`` or as a run file (``ups-run.yaml``):
     include: []                   # synced even when .gitignore leaves them out
     exclude: ["*.log"]            # never synced
     stop_grace_s: 120             # SIGTERM -> SIGKILL of the ranks
+    stall_timeout_s: 300          # no progress this long: stacks, then ended (0: never)
     checkpoint_sync:              # ups uploads the newest committed checkpoint there and
       url: s3://bucket/prefix     # restores it on a new host (optional)
       endpoint_url: https://...   # an S3-compatible store other than AWS (optional)
@@ -80,6 +81,7 @@ class _RunFile(BaseModel):
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
     stop_grace_s: int | None = Field(None, ge=1)
+    stall_timeout_s: float | None = Field(None, ge=0)
     checkpoint_sync: _Sync | None = None
 
 
@@ -104,6 +106,8 @@ class ScriptWorkload:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     stop_grace_s: int | None = None
+    stall_timeout_s: float | None = None
+    """``ups launch --stall-timeout``'s value on every host (None: its default; 0: off)."""
     checkpoint_sync: str | None = None
     """``s3://bucket/prefix``: ups uploads the newest committed checkpoint to
     ``<url>/<run id>/`` and restores it into ``checkpoint_dir`` on a new host."""
@@ -142,6 +146,7 @@ class ScriptWorkload:
             "data": list(self.data),
             "outputs": list(self.outputs),
             "stop_grace_s": self.stop_grace_s,
+            "stall_timeout_s": self.stall_timeout_s,
             "checkpoint_sync": (
                 {"url": self.checkpoint_sync, "endpoint_url": self.sync_endpoint}
                 if self.checkpoint_sync
@@ -291,6 +296,7 @@ def load_run_file(
         include=tuple(model.include),
         exclude=tuple(model.exclude),
         stop_grace_s=model.stop_grace_s,
+        stall_timeout_s=model.stall_timeout_s,
         checkpoint_sync=model.checkpoint_sync.url if model.checkpoint_sync else None,
         sync_endpoint=model.checkpoint_sync.endpoint_url if model.checkpoint_sync else None,
         sync_credentials=model.checkpoint_sync.credentials if model.checkpoint_sync else "auto",

@@ -4,14 +4,15 @@
                --rdzv-endpoint HOST:PORT] [--run-id ID | --fresh] [--max-restarts N]
                [--allow-resume-change world_size,...] [--skip-preflight] [--dry-run]
                [--log-format {auto,console,json}]
-    ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
+    ups launch --script my_train.py [--output-dir runs] [--stall-timeout S] -- SCRIPT_ARGS...
     ups launch --run-file ups-run.yaml [-- SCRIPT_ARGS...]   (docs/script.md)
 
 Running the same command again continues the latest run of that name when it ended
 unfinished for a retryable reason (``ups.retry``); ``--fresh`` starts a new run.
 
-Exit code: the run's (0 finished, 75 preempted, torchrun's code on failure); 2 for a
-bad config or bad flags (reported before anything starts) or a refused resume.
+Exit code: the run's (0 finished, 75 preempted, 124 a script that stalled, torchrun's code
+on failure); 2 for a bad config or bad flags (reported before anything starts) or a
+refused resume.
 """
 
 from __future__ import annotations
@@ -120,6 +121,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="a run file naming your script, its args, workdir, checkpoint_dir and data "
         "(docs/script.md); the script runs in its workdir",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end a --script run in which no rank made progress for this long, with every "
+        "rank's stack and the odd rank named (default: the run file's stall_timeout_s, "
+        "else 300; 0: never)",
     )
     p.add_argument(
         "--checkpoint-dir",
@@ -249,6 +258,13 @@ def main(argv: list[str]) -> int:
             preflight_skip=args.preflight_skip,
             fresh=args.fresh,
             max_restarts=args.max_restarts,
+            stall_timeout_s=(
+                args.stall_timeout
+                if args.stall_timeout is not None
+                else workload.stall_timeout_s
+                if workload
+                else None
+            ),
         )
         # Every problem the config check can see (the schema's, a missing data file, a
         # file that does not match its layout, a missing cache directory) is a config error

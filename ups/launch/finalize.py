@@ -16,6 +16,7 @@ from ups import ckpt
 from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
 from ups.launch.scriptrun import checkpoint_dir
+from ups.launch.stall import stalled_outcome
 from ups.launch.torchrun import (
     PEER_LOST,
     TorchrunResult,
@@ -30,6 +31,7 @@ from ups.outcome import (
     EXIT_NONFINITE,
     EXIT_PREEMPTED,
     EXIT_SAVE_FAILED,
+    EXIT_STALLED,
     OUTCOME_FILE,
     Outcome,
     read_outcome,
@@ -211,7 +213,10 @@ def finalize_outcome(
     plan: LaunchPlan, result: TorchrunResult, memory_before: MemorySnapshot | None = None
 ) -> Outcome:
     """Read the trainer's outcome, write or amend it from torchrun's result, return it."""
-    final = _explain_kill(_decide(plan, result), result, memory_before)
+    if result.stall is not None:  # ups ended the ranks itself: their deaths are its doing
+        final = stalled_outcome(plan, result.stall, result.phase)
+    else:
+        final = _explain_kill(_decide(plan, result), result, memory_before)
     save_outcome(Path(plan.run_dir), final)
     return final
 
@@ -363,8 +368,8 @@ _AGREED_CAUSES = {"config", "nonfinite", "save_failed", "too_many_oom_skips", "o
 def exit_code(outcome: Outcome, torchrun_rc: int) -> int:
     """torchrun's exit code, except where the run said more: the trainer's own codes
     (preempted 75, bad config 2, non-finite 65, save failed 74) pass through, and a run
-    whose outcome is not "finished" never exits 0."""
-    if outcome.outcome == "preempted" or outcome.exit_code in _TRAINER_CODES:
+    whose outcome is not "finished" never exits 0; a stalled script exits 124."""
+    if outcome.outcome == "preempted" or outcome.exit_code in (*_TRAINER_CODES, EXIT_STALLED):
         return outcome.exit_code
     if outcome.outcome == "finished" and outcome.exit_code == 0:
         return 0  # _decide keeps "finished" only where no worker failed

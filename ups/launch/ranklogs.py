@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,9 @@ class RankLogs:
             r: deque(maxlen=_KEEP_STDERR) for r in range(nproc)
         }
         """The last lines of each local rank's stderr, to name its exception."""
+        self.last_line: dict[int, float] = {}
+        """When each local rank last printed a whole line (``time.monotonic()``): progress,
+        for ``ups.launch.stall``."""
         self.started = threading.Event()
         """Set once torchrun has created the ranks' files (the workers exist)."""
 
@@ -108,6 +112,7 @@ class RankLogs:
         self._thread.join()
 
     def _emit(self, local_rank: int, stream: str, line: str) -> None:
+        self.last_line[local_rank] = time.monotonic()
         if stream == "stderr" and local_rank in self.stderr_tail:
             self.stderr_tail[local_rank].append(line)
         self._sink(line)

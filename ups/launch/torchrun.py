@@ -31,6 +31,7 @@ from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, last_words, printed_exception
+from ups.launch.stall import Stall, StallWatch
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -103,6 +104,8 @@ class TorchrunResult:
     store_keys: tuple[int, int] | None = None
     """Keys in the rendezvous store when the workers started and once they had all exited
     0 (before the agents' exit barrier); None when not known."""
+    stall: Stall | None = None
+    """Set when ups found the run stalled and ended it (``ups.launch.stall``)."""
 
     def unclean(self) -> list[WorkerExit]:
         """The workers that did not exit 0 (or 75) by themselves, lowest rank first."""
@@ -334,6 +337,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
+    watch = StallWatch(plan, rank_logs)
+    watch.prepare()
     log.info(
         "torchrun_starting",
         text="starting torchrun",
@@ -352,7 +357,12 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     )
     assert proc.stdout is not None
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
-    with _forward_signals(proc, state, request, plan), RssSampler() as sampler, rank_logs:
+    with (
+        _forward_signals(proc, state, request, plan),
+        RssSampler() as sampler,
+        rank_logs,
+        watch.start(proc.pid),
+    ):
         reader.start()
         rc = proc.wait()
     request.unlink(missing_ok=True)
@@ -366,6 +376,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     if plan.script is not None and rank_logs.started.is_set() and result.phase == "torchrun_start":
         result.phase = SCRIPT_PHASE
     result.peak_rss = dict(sampler.peak_rss)
+    result.stall = watch.verdict
     if "stopped_at" in state:
         result.stopped_at = float(state["stopped_at"])
     for failure in result.failures:
