@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
+from tests.fault_helpers import strict_json
 from ups.config import load_config
 from ups.deploy.managed.faults import preflight_reason, preflight_side
 from ups.deploy.managed.ledger import Failure, Ledger, Measurement, render_measured
@@ -22,7 +24,7 @@ from ups.deploy.providers.vast.offers import offer_of
 from ups.preflight import PreflightOptions, Report, Status, run_preflight
 from ups.preflight.checks.burnin import CPU_BUDGET_S, judge
 from ups.preflight.figures import below_floor, figures, workload
-from ups.preflight.known_good import lookup, matmul_tflops
+from ups.preflight.known_good import DEMO_BF16, TABLE, known_good, lookup
 from ups.preflight.options import Context
 
 
@@ -33,13 +35,44 @@ def _ctx(make_config: Callable[..., Path], mode: str, **preflight: Any) -> Conte
 
 def test_known_good_table_names_the_model_and_its_source() -> None:
     """Device names as torch reports them find their row; the CPU and unknown GPUs find
-    none (no floor); every row says where its number comes from."""
+    none (no floor); every point of every row says where its number comes from."""
     row = lookup("NVIDIA GeForce RTX 4090")
-    assert row is not None and row.label == "an RTX 4090" and "zzc0721" in row.source
-    assert matmul_tflops("NVIDIA H100 80GB HBM3", "bf16") == (795.0, "an H100 SXM")
+    assert row is not None and row.label == "an RTX 4090"
+    assert all("zzc0721" in p.source for p in row.points)
+    assert known_good("NVIDIA H100 80GB HBM3", "matmul_bf16") == (795.0, "an H100 SXM")
     assert lookup("NVIDIA H100 PCIe") is None
-    assert matmul_tflops(None, "fp32") == (None, "this CPU")
-    assert matmul_tflops("NVIDIA L4", "bf16") == (None, "NVIDIA L4")
+    assert known_good(None, "matmul_fp32") == (None, "this CPU")
+    assert known_good("NVIDIA L4", "matmul_bf16") == (None, "NVIDIA L4")
+    assert all(p.source for r in TABLE for p in r.points)
+
+
+def test_one_device_name_is_one_row_for_every_figure() -> None:
+    """The GPU suite's H100 ("NVIDIA H100 80GB HBM3") is named "an H100 SXM" by every figure,
+    and its measured h2d and demo-step figures are known-good (the step only for the
+    workload it was measured on); a figure the row lacks still names the row's label."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert known_good(h100, "h2d") == (54.83, "an H100 SXM")
+    assert known_good(h100, "step", DEMO_BF16) == (5345.0, "an H100 SXM")
+    assert known_good(h100, "step", "another-workload") == (None, "an H100 SXM")
+    assert known_good(h100, "matmul_fp16") == (None, "an H100 SXM")
+    row = lookup(h100)
+    assert row is not None
+    measured = [p for p in row.points if "gpu-suite-h100-2026-11-27-run2.json" in p.source]
+    assert {p.figure for p in measured} == {"matmul_bf16", "h2d", "step"}
+    results = strict_json(REPO / "benchmarks/results/gpu-suite-h100-2026-11-27-run2.json")
+    burn_in = next(s for s in results["steps"] if s["name"] == "burn-in")["details"]["figures"]
+    for point in measured:
+        name = "matmul" if point.figure.startswith("matmul_") else point.figure
+        assert point.value == pytest.approx(burn_in[name]["value"], rel=1e-3), point
+
+
+def test_the_demo_step_point_is_the_demo_configs_workload() -> None:
+    """The H100's step point holds for configs/demo.yaml in bf16 (the GPU suite's burn-in):
+    a change to the model, tasks or batch changes the digest, and this test says the point
+    must be measured again."""
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["training.precision=bf16"],
+                      check_files=False)  # fmt: skip
+    assert workload(cfg) == DEMO_BF16
 
 
 def test_floor_warns_enforce_fails_and_unknown_is_recorded(

@@ -87,7 +87,9 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
         "workdir": plan.run_file["workdir"],
         "checkpoint_dir": None,
         "data": ["d/x.h5"],
+        "outputs": [],
         "stop_grace_s": None,
+        "stall_timeout_s": None,
         "checkpoint_sync": None,
     }
     assert plan.bucket_access is None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 from ups.deploy import providers
 from ups.deploy.entries import RentedHost
 from ups.deploy.errors import UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec, get_host
 from ups.deploy.request import DeployRequest
 from ups.deploy.transport import remote as rc
@@ -98,8 +99,8 @@ def entry(host: str, hosts_file: str | None) -> RentedHost:
     spec, _known = get_host(host, hosts_file)
     if not isinstance(spec, RentedHost):
         raise UsageError(
-            f"host {host!r} is kind {spec.kind}, not a rented one: `fab instances` and "
-            "`fab down` manage the instances ups rented. Pass an entry of kind "
+            f"host {host!r} is kind {spec.kind}, not a rented one: {command('instances')} and "
+            f"{command('down')} manage the instances ups rented. Pass an entry of kind "
             f"{' or '.join(providers.NAMES)}."
         )
     return spec

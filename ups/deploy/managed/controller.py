@@ -29,6 +29,7 @@ import psutil
 from ups.bucket import Bucket
 from ups.deploy.entries import RentedHost
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
+from ups.deploy.frontend import command
 from ups.deploy.managed.acquire import Where, move_on, rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
 from ups.deploy.managed.errors import InstanceFailed, RecoveriesExhausted
@@ -457,8 +458,8 @@ class Keeper:
             else f"No checkpoint of it was synced to {self.run_dir}"
         )
         again = (
-            f"`fab deploy --host {self.spec.name} --run {self.run_id}` continues it from "
-            "there (it uploads the newest checkpoint)."
+            f"{command('deploy', '--host', self.spec.name, '--run', self.run_id)} continues "
+            "it from there (it uploads the newest checkpoint)."
         )
         if self.recoveries >= self.spec.max_recoveries:
             raise RecoveriesExhausted(

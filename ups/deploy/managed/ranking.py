@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ups.deploy.managed.ledger import Measurement
 from ups.deploy.providers import Offer, gpu_key
-from ups.preflight.known_good import lookup
+from ups.preflight.known_good import bf16_tflops
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,7 @@ def on_machine(offer: Offer) -> str:
 
 
 def _model_tflops(gpu_name: str) -> float | None:
-    row = lookup(gpu_name.replace("_", " "))
-    return None if row is None else row.tflops.get("bf16")
+    return bf16_tflops(gpu_name.replace("_", " "))
 
 
 def rank(

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from ups.backoff import Policy
 from ups.deploy.entries import RentedHost
 from ups.deploy.errors import DeployError
+from ups.deploy.frontend import command
 
 # -- how a provider fails ---------------------------------------------------------------
 
@@ -168,7 +169,7 @@ def api_error(
         text = (
             f"the {title} API failed to {what} ({http}, a server error){said}. This is "
             f"{title}'s side, not your request: wait a few minutes{status_page} and run the "
-            "command again; `fab instances` shows whether anything was left running."
+            f"command again; {command('instances')} shows whether anything was left running."
         )
     elif kind is ApiErrorKind.BAD_REQUEST:
         text = f"the {title} API rejected the request to {what} ({http}){said}. " + (
