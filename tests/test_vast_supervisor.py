@@ -164,7 +164,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     code, out, err = _done(proc, 120)
     assert code == 130, out[-2000:] + err[-2000:]
     # The plan said what happened: the run's instance picked up, no new rental.
-    assert f"vast plan: run again picks up its instance {inst.id} if it still runs" in (
+    assert f"rental plan: run again picks up its instance {inst.id} if it still runs" in (
         "".join(lines) + out
     )
     assert "interrupted (Ctrl-C)" in err, err[-2000:]
