@@ -36,6 +36,10 @@ case, each ratio against the plain step measured in the same launch::
 
     .venv/bin/python benchmarks/bench_step.py --compare dc36953 --cases ddp:demo:fp32 ddp:12x:fp32
 
+A case that fails (its ranks exit non-zero: a config the trainer refuses, a diverging run)
+is marked failed in the table with its reason, and the other cases keep their numbers; the
+script then exits 1.
+
 Results: stdout, ``benchmarks/results/step-cpu.txt`` and ``.json`` (``--out``).
 """
 
@@ -65,10 +69,13 @@ from ups import jsonio  # noqa: E402  # after the path insert: run as a script
 SIZES = {
     "demo": [],  # configs/demo.yaml: latent 64, depth 2 (115k parameters)
     "12x": ["model.latent_dim=192", "model.depth=3"],  # 1.38M parameters
-    "100m": ["model.latent_dim=1024", "model.depth=8", "model.heads=8"],  # 101.0M parameters
+    # 101.0M parameters, at 1/30 of the demo's lr: the point is the step's cost, and at the
+    # demo's 3e-3 the bf16 run diverged at step 19 on an H100 (the trainer stops a run with
+    # non-finite gradients; benchmarks/results/gpu-suite-h100-2026-11-27-run2.json).
+    "100m": ["model.latent_dim=1024", "model.depth=8", "model.heads=8", "training.lr=1e-4"],
     "tiny": ["model.latent_dim=16", "model.depth=1", "model.heads=2"],  # a smoke test's size
 }
-PRECISIONS = {"fp32": ["training.precision=fp32"], "bf16": ["training.precision=bf16"]}
+PRECISIONS = {p: [f"training.precision={p}"] for p in ("fp32", "bf16", "fp16")}
 STRATEGIES: dict[str, list[str]] = {"ddp": []}
 """Config overrides per strategy; the variants a worker times come from ``VARIANTS``."""
 VARIANTS = ("ups skip", "ups fail", "plain")
@@ -151,6 +158,7 @@ def worker(
     from ups.distributed.env import read_dist_env
     from ups.distributed.process_group import init_distributed, shutdown_distributed
     from ups.log import setup_logging
+    from ups.train.amp import precision_problems
     from ups.train.run import build_trainer, make_model
     from ups.train.schedule import lr_schedule
     from ups.train.signals import StopFlag
@@ -159,6 +167,9 @@ def worker(
     env = read_dist_env()
     setup_logging(rank=env.rank, stdout=open(os.devnull, "w"))  # noqa: SIM115  # process-long
     cfg = load_config(config, overrides)
+    problems = precision_problems(cfg)  # what the trainer refuses, this refuses alike
+    if problems:
+        raise SystemExit("; ".join(problems))
     infos = {task.name: inspect_task(task) for task in cfg.tasks}
     device = init_distributed(env, cfg.distributed)
     loader = build_loader(list(cfg.tasks), infos, batch_size=cfg.training.batch_size,
@@ -211,6 +222,21 @@ def worker(
         (out / "rank0.json").write_text(jsonio.dumps({**record, "parameters": params}))
 
 
+def worker_env(env: dict[str, str], tree: Path) -> dict[str, str]:
+    """The ranks' environment: ``tree`` first on the import path, then whatever the caller
+    had there (the GPU suite's carried wheels: ups's dependencies live only there)."""
+    path = [str(tree), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**env, "PYTHONPATH": os.pathsep.join(path)}
+
+
+def _failure(out: Path, proc: subprocess.CompletedProcess[str]) -> str:
+    """Why a launch failed: the worker's own error (``error.txt``), else torchrun's tail."""
+    written = out / "error.txt"
+    if written.is_file():
+        return written.read_text().strip()
+    return f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}"
+
+
 def _source_tree(ref: str, where: Path) -> Path:
     """The code at git ``ref`` under ``where`` (no worktree metadata), sharing data/."""
     where.mkdir(parents=True)
@@ -233,8 +259,12 @@ def _case(
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update({"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     tries: dict[str, list[dict[str, Any]]] = {label: [] for label in trees}
+    failed: dict[str, str] = {}
+    parameters = None
     for i in range(args.repeats):
         for label, tree in trees.items():
+            if label in failed:
+                continue
             out = work / f"{name.replace(':', '-')}-{label}-{i}"
             out.mkdir(parents=True)
             print(f"running: {name} {label} (try {i + 1}/{args.repeats})", flush=True)
@@ -242,11 +272,14 @@ def _case(
                    f"--nproc-per-node={args.nproc}", "--monitor-interval=0.2",
                    str(tree / SCRIPT.relative_to(REPO)), "--worker", str(out), str(config),
                    str(args.steps), str(args.warmup), str(args.util_seconds), *sets]  # fmt: skip
-            proc = subprocess.run(cmd, env={**env, "PYTHONPATH": str(tree)}, cwd=tree,
+            proc = subprocess.run(cmd, env=worker_env(env, tree), cwd=tree,
                                   capture_output=True, text=True, timeout=1800)  # fmt: skip
             if proc.returncode != 0:
-                raise SystemExit(f"{name} ({label}) failed:\n{proc.stderr[-3000:]}")
+                failed[label] = _failure(out, proc)
+                print(f"failed: {name} {label}: {failed[label]}", flush=True)
+                continue
             data = json.loads((out / "rank0.json").read_text())
+            parameters = data["parameters"]
             tries[label].append(
                 {
                     **{f"{v} ms": statistics.median(data[v]) for v in VARIANTS},
@@ -260,8 +293,9 @@ def _case(
                 }
             )  # fmt: skip
     return [{"case": name, "code": label, "strategy": strategy, "size": size,
-             "precision": precision, "parameters": data["parameters"], "ranks": args.nproc,
-             "backend": args.backend, "tries": rows} for label, rows in tries.items()]  # fmt: skip
+             "precision": precision, "parameters": parameters, "ranks": args.nproc,
+             "backend": args.backend, "tries": rows, "failed": failed.get(label)}
+            for label, rows in tries.items()]  # fmt: skip
 
 
 def _table(results: list[dict[str, Any]]) -> list[str]:
@@ -280,6 +314,11 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
     ]
     for r in results:
         t = r["tries"]
+        if r.get("failed"):
+            reason = " ".join(r["failed"].split())[:200].replace("|", "/")
+            lines.append(f"| {r['code']} | {r['strategy']} | {r['size']} | {r['precision']} "
+                         f"| FAILED: {reason} |" + " |" * 7)  # fmt: skip
+            continue
         rates = ", ".join(cell(t, f"{v} samples/s", ".0f") for v in VARIANTS)
         util = ", ".join(cell(t, f"{v} gpu util %", ".0f") for v in VARIANTS)
         lines.append(
@@ -295,7 +334,13 @@ def _table(results: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     if sys.argv[1:2] == ["--worker"]:
         out, config, steps, warmup, util_s, *sets = sys.argv[2:]
-        worker(Path(out), Path(config), int(steps), int(warmup), float(util_s), sets)
+        try:
+            worker(Path(out), Path(config), int(steps), int(warmup), float(util_s), sets)
+        except BaseException as exc:  # the case's reason in its row; the rank still fails
+            if os.environ.get("RANK", "0") == "0":
+                said = str(exc) if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+                (Path(out) / "error.txt").write_text(said + "\n")
+            raise
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEMO_CONFIG)
@@ -339,6 +384,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".txt").write_text(text)
     args.out.with_suffix(".json").write_text(jsonio.dumps(results, indent=2) + "\n")
+    failed = [f"{r['case']} ({r['code']})" for r in results if r["failed"]]
+    if failed:
+        raise SystemExit(f"{len(failed)} case(s) failed: {', '.join(failed)} (table above)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ echo "== trainer: 1 vs 2 ranks, loader vs step, peak RSS";  $PY benchmarks/bench
 echo "== trainer step: ups (skip, fail) vs a plain DDP step, fp32/bf16, two sizes"; $PY benchmarks/bench_step.py
 echo "== preflight: wall time per check, check vs bare all-reduce"; $PY benchmarks/bench_preflight.py
 echo "== deploy: log latency and lines lost across forced disconnects"; $PY benchmarks/bench_deploy.py
+echo "== stall watch: hang to exit, the watcher's CPU, step time watched vs not"
+$PY benchmarks/bench_stall.py --json benchmarks/results/stall_cpu.json
 if bash scripts/docker-engine.sh >/dev/null 2>&1; then
     for b in benchmarks/bench_image.*; do
         [ -e "$b" ] || continue

@@ -199,22 +199,36 @@ def demo_prose(metrics: dict[str, float]) -> str:
     )
 
 
+DEMO_TASKS = ("advection", "darcy")
+DEMO_SPREAD = 0.02
+"""How far (relative) one x86-64 CPU's held-out numbers may lie from another's: torch's
+and MKL's kernels for AVX2, AVX-512 and AMX sum in different orders. Measured spread of
+the Darcy error 1.1 %, advection 0.1 % (docs/get-started.md); the baselines depend on the
+data only."""
+
+
 def demo_numbers(quoted_text: str, metrics_json: str) -> list[str]:
-    """The capture's evaluation rows and the prose quote what a run of the demo config gave
-    (``printed`` is its outcome's metrics as JSON): the numbers that do not vary by machine."""
+    """The capture's evaluation rows quote what a run of the demo config gave (``printed``
+    is its outcome's metrics as JSON) within :data:`DEMO_SPREAD`, the baselines exactly, and
+    the prose quotes the capture's rows."""
     metrics = json.loads(metrics_json)
-    out = []
-    for task in ("advection", "darcy"):
+    out, shown = [], {}
+    for task in DEMO_TASKS:
         row = re.search(rf"│ {task}\s*│\s*([0-9.]+) │\s*([0-9.]+) │", quoted_text)
-        got = (
-            f"{metrics[f'eval/{task}/rel_l2']:.4f}",
-            f"{metrics[f'eval/{task}/baseline_rel_l2']:.4f}",
-        )
-        if not row or row.groups() != got:
-            out.append(f"docs {task}: {row.groups() if row else 'no row'}, the demo gives {got}")
+        if row is None:
+            out.append(f"docs capture has no {task} row")
+            continue
+        shown[task] = row.groups()
+        for key, printed in zip(("rel_l2", "baseline_rel_l2"), row.groups(), strict=True):
+            got = metrics[f"eval/{task}/{key}"]
+            allowed = 0.00005 + (0.0 if key.startswith("baseline") else DEMO_SPREAD * got)
+            if abs(float(printed) - got) > allowed:
+                out.append(f"docs eval/{task}/{key}: {printed}, the demo gives {got:.4f}")
     prose = _find(_prose("demo"))[1].group(2)
-    if demo_prose(metrics) != prose:
-        out.append(f"docs: {prose!r} / the run: {demo_prose(metrics)!r}")
+    quotes = re.findall(r"\(([0-9.]+) vs ([0-9.]+)\)", prose)
+    expected = [shown[task] for task in DEMO_TASKS if task in shown]
+    if quotes[: len(DEMO_TASKS)] != expected:
+        out.append(f"docs prose quotes {quotes[:2]}, its capture shows {expected}")
     return out
 
 

@@ -117,6 +117,8 @@ WORDS_FROM = {
         "ups/config/checks.py:unknown_key",
     ),
     ("ups/train/run.py", "_resume"): ("ups/train/resume.py:strategy_refusal",),
+    ("ups/deploy/providers/base.py", "api_error"): ("ups/deploy/providers/base.py:api_error",),
+    ("ups/launch/plan.py", "_script_env"): ("ups/workload.py:checkpoint_dir_problem",),
 }
 PASSES_ON = {
     # (path, function) of a site whose whole text is a message made and scanned elsewhere
@@ -124,7 +126,17 @@ PASSES_ON = {
     ("ups/cli/launch.py", "_from_run_file"): "the run file's data problems (workload.py)",
     ("ups/config/checks.py", "file_problems"): "tasks.N.path (NAME): a DataError's message",
     ("ups/config/load.py", "_format_errors"): "KEY: pydantic's or a validator's message",
-    ("ups/deploy/hosts.py", "_slurm_fields"): "the problems appended just above, joined",
+    ("ups/deploy/entries.py", "_slurm_fields"): "the problems appended just above, joined",
+    ("ups/deploy/hosts.py", "_failover_entries"): "the problems appended just above, joined",
+    ("ups/deploy/providers/runpod/entry.py", "_runpod_fields"): "the problems appended just "
+    "above, joined",
+    ("ups/cli/deploy.py", "_checked_workload"): "the files the sync would leave behind "
+    "(ups/workfiles.py left_behind), as a WorkloadError",
+    ("ups/deploy/managed/acquire.py", "move_on"): "the last search's NoOffer paragraph "
+    "(offers.py), or the recovery policy's reason, which the caller words as an "
+    "OffersExhausted or 'every offer tried was taken' paragraph (acquire.py _exhausted)",
+    ("ups/deploy/managed/ops.py", "plan"): "each entry's NoOffer paragraph (offers.py), "
+    "after the entry's name",
     ("ups/deploy/managed/controller.py", "host_or_user"): "a PreflightFailed's message",
     ("ups/deploy/managed/run.py", "run"): "the problems of ending instances (lifecycle.py)",
     ("ups/deploy/onhost/operate.py", "bucket_keys"): "a NoCredentials or MintRefused message",

@@ -19,6 +19,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 
+# First, as it takes longest and needs only the network: the oldest supported torch in a
+# venv of its own (.venv-torch-oldest: the torch wheel and ~3 GB of CUDA libraries from
+# PyPI, about 4 minutes), installed in the background and never waited for here: only
+# tests/test_torch_range.py needs it, and its fixture waits on the install's lock (or runs
+# the install itself, and fails naming what went wrong).
+bash scripts/torch-range.sh install .venv-torch-oldest >.venv-torch-oldest.log 2>&1 &
+range_pid=$!
+trap 'kill "$range_pid" 2>/dev/null || true' EXIT  # a set-up step failed: stop it
+
 echo "== system services: sshd, Docker engine; a C++ compiler for torch.compile"
 bash scripts/sshd-setup.sh
 if ! command -v g++ >/dev/null 2>&1 || ! command -v cc >/dev/null 2>&1; then
@@ -45,7 +54,7 @@ build_pid=$!
 slurm_log=$(mktemp)
 bash scripts/slurm-setup.sh install >"$slurm_log" 2>&1 &
 slurm_pid=$!
-trap 'kill "$build_pid" "$slurm_pid" 2>/dev/null || true' EXIT  # a linter failed: stop them
+trap 'kill "$build_pid" "$slurm_pid" "$range_pid" 2>/dev/null || true' EXIT  # a linter failed
 
 echo "== ruff"
 $BIN/ruff check .

@@ -13,16 +13,18 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
+from tests.fault_helpers import strict_json
 from ups.config import load_config
 from ups.deploy.managed.faults import preflight_reason, preflight_side
 from ups.deploy.managed.ledger import Failure, Ledger, Measurement, render_measured
 from ups.deploy.managed.ranking import rank
 from ups.deploy.providers import Side
-from ups.deploy.providers.vast.offers import Offer
+from ups.deploy.providers.vast.offers import offer_of
 from ups.preflight import PreflightOptions, Report, Status, run_preflight
 from ups.preflight.checks.burnin import CPU_BUDGET_S, judge
 from ups.preflight.figures import below_floor, figures, workload
-from ups.preflight.known_good import lookup, matmul_tflops
+from ups.preflight.known_good import DEMO_BF16, TABLE, known_good, lookup
 from ups.preflight.options import Context
 
 
@@ -33,13 +35,44 @@ def _ctx(make_config: Callable[..., Path], mode: str, **preflight: Any) -> Conte
 
 def test_known_good_table_names_the_model_and_its_source() -> None:
     """Device names as torch reports them find their row; the CPU and unknown GPUs find
-    none (no floor); every row says where its number comes from."""
+    none (no floor); every point of every row says where its number comes from."""
     row = lookup("NVIDIA GeForce RTX 4090")
-    assert row is not None and row.label == "an RTX 4090" and "zzc0721" in row.source
-    assert matmul_tflops("NVIDIA H100 80GB HBM3", "bf16") == (795.0, "an H100 SXM")
+    assert row is not None and row.label == "an RTX 4090"
+    assert all("zzc0721" in p.source for p in row.points)
+    assert known_good("NVIDIA H100 80GB HBM3", "matmul_bf16") == (795.0, "an H100 SXM")
     assert lookup("NVIDIA H100 PCIe") is None
-    assert matmul_tflops(None, "fp32") == (None, "this CPU")
-    assert matmul_tflops("NVIDIA L4", "bf16") == (None, "NVIDIA L4")
+    assert known_good(None, "matmul_fp32") == (None, "this CPU")
+    assert known_good("NVIDIA L4", "matmul_bf16") == (None, "NVIDIA L4")
+    assert all(p.source for r in TABLE for p in r.points)
+
+
+def test_one_device_name_is_one_row_for_every_figure() -> None:
+    """The GPU suite's H100 ("NVIDIA H100 80GB HBM3") is named "an H100 SXM" by every figure,
+    and its measured h2d and demo-step figures are known-good (the step only for the
+    workload it was measured on); a figure the row lacks still names the row's label."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert known_good(h100, "h2d") == (54.83, "an H100 SXM")
+    assert known_good(h100, "step", DEMO_BF16) == (5345.0, "an H100 SXM")
+    assert known_good(h100, "step", "another-workload") == (None, "an H100 SXM")
+    assert known_good(h100, "matmul_fp16") == (None, "an H100 SXM")
+    row = lookup(h100)
+    assert row is not None
+    measured = [p for p in row.points if "gpu-suite-h100-2026-11-27-run2.json" in p.source]
+    assert {p.figure for p in measured} == {"matmul_bf16", "h2d", "step"}
+    results = strict_json(REPO / "benchmarks/results/gpu-suite-h100-2026-11-27-run2.json")
+    burn_in = next(s for s in results["steps"] if s["name"] == "burn-in")["details"]["figures"]
+    for point in measured:
+        name = "matmul" if point.figure.startswith("matmul_") else point.figure
+        assert point.value == pytest.approx(burn_in[name]["value"], rel=1e-3), point
+
+
+def test_the_demo_step_point_is_the_demo_configs_workload() -> None:
+    """The H100's step point holds for configs/demo.yaml in bf16 (the GPU suite's burn-in):
+    a change to the model, tasks or batch changes the digest, and this test says the point
+    must be measured again."""
+    cfg = load_config(REPO / "configs" / "demo.yaml", ["training.precision=bf16"],
+                      check_files=False)  # fmt: skip
+    assert workload(cfg) == DEMO_BF16
 
 
 def test_floor_warns_enforce_fails_and_unknown_is_recorded(
@@ -105,14 +138,14 @@ def _offer(oid: int, price: float, gpu: str = "RTX 4090", reliability: float = 0
 
 
 def _measured(machine: int, step: float, gpu: str = "RTX 4090", work: str = "w") -> Measurement:
-    return Measurement(machine_id=machine, gpu_name=gpu, num_gpus=2, figures={"step": step},
+    return Measurement(machine_id=str(machine), gpu_name=gpu, num_gpus=2, figures={"step": step},
                        dph=0.5, workload=work, at=time.time(), run_id="r", host="vast",
                        passed=True)  # fmt: skip
 
 
 def _rank(rows: list[dict], measured: list[Measurement]) -> list[int] | None:
-    ranked = rank([(r, Offer.from_api(r)) for r in rows], measured, "w", False)
-    return None if ranked is None else [int(r.row["id"]) for r in ranked]
+    ranked = rank([offer_of(r, False) for r in rows], measured, "w", False)
+    return None if ranked is None else [int(r.offer.id) for r in ranked]
 
 
 def test_cheaper_but_slower_machine_loses_once_measured() -> None:
@@ -121,7 +154,7 @@ def test_cheaper_but_slower_machine_loses_once_measured() -> None:
     cheap, fast = _offer(102, 0.62), _offer(105, 0.90)
     measured = [_measured(1020, 100.0), _measured(1050, 400.0)]
     assert _rank([cheap, fast], measured) == [105, 102]
-    ranked = rank([(r, Offer.from_api(r)) for r in (cheap, fast)], measured, "w", False)
+    ranked = rank([offer_of(r, False) for r in (cheap, fast)], measured, "w", False)
     assert ranked is not None
     assert ranked[0].usd_per_msample == pytest.approx(0.90 / (800 * 3600) * 1e6)
     assert "measured 800 /s" in ranked[0].line()
@@ -146,15 +179,15 @@ def test_ledger_keeps_failures_and_measurements_and_shows_cost_per_sample(
     """Both kinds of entry share one strict-JSON file; the table shows $ per million
     samples from the step figure, the GPUs and the price."""
     ledger = Ledger(tmp_path / "hosts-ledger.json")
-    ledger.record(Failure(machine_id=1, host_id=None, offer_id=2, instance_id=3,
+    ledger.record(Failure(machine_id="1", host_id=None, offer_id="2", instance_id="3",
                           failure="slow", at=time.time(), run_id="r", host="vast"))  # fmt: skip
-    m = Measurement(machine_id=1050, gpu_name="RTX 4090", num_gpus=2,
+    m = Measurement(machine_id="1050", gpu_name="RTX 4090", num_gpus=2,
                     figures={"matmul": 150.0, "busbw": 20.0, "step": 500.0}, dph=0.9,
                     workload="w", at=time.time(), run_id="r", host="vast", passed=True,
                     known_good={"matmul": 165.0})  # fmt: skip
     ledger.measured(m)
     data = json.loads(ledger.path.read_text())
-    assert [f["machine_id"] for f in data["failures"]] == [1]
+    assert [f["machine_id"] for f in data["failures"]] == ["1"]
     assert ledger.measurements() == [m] and m.usd_per_msample() == pytest.approx(0.25)
     table = render_measured(ledger.measurements())
     assert "2x RTX 4090" in table and "150 vs 165 (0.91)" in table and "0.2500" in table

@@ -4,12 +4,13 @@ machine without a GPU: ``--cpu`` end to end, the wheels' size against the device
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -78,7 +79,12 @@ def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path)
     for name in EVERYWHERE:
         assert steps[name]["status"] == "passed", steps[name]
         assert steps[name]["duration_s"] > 0
-    assert doc["counts"] == {"passed": len(EVERYWHERE), "failed": 0, "skipped": len(CUDA_ONLY)}
+    assert doc["counts"] == {
+        "passed": len(EVERYWHERE),
+        "failed": 0,
+        "known": 0,
+        "skipped": len(CUDA_ONLY),
+    }
     assert doc["facts"]["torch"] == str(torch.__version__)
     assert doc["facts"]["device"] is None and doc["facts"]["cuda"] is None
     assert "eval/advection/rel_l2" in steps["train-cpu"]["details"]["metrics"]
@@ -171,3 +177,90 @@ def test_results_file_stays_strict_json_with_non_finite_numbers() -> None:
     suite = _script("gpu_suite")
     clean = suite.finite({"a": [1.0, math.nan], "b": {"c": math.inf, "d": "x"}})
     assert clean == {"a": [1.0, None], "b": {"c": None, "d": "x"}}
+
+
+PROBE = """import os, sys
+with open(os.environ["BENCH_SITE_PROBE"], "a") as fh:
+    fh.write(" ".join(sys.argv) + "\\n")
+"""
+
+
+@pytest.mark.slow
+def test_bench_step_keeps_the_callers_path_and_each_cases_numbers(
+    tmp_path: Path, make_config: Any
+) -> None:
+    """benchmarks/bench_step.py (the suite's ``throughput``): its ranks import from the
+    caller's PYTHONPATH too (on the GPU machine the carried wheels live only there; a
+    folder's sitecustomize.py records each process that saw it), and a case that fails
+    (fp16 on gloo, which the trainer refuses) is marked failed with its reason in the
+    table while the other case keeps its numbers; exit 1."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(PROBE)
+    probe, out = tmp_path / "probe.txt", tmp_path / "bench"
+    config = make_config(training={"batch_size": 4})
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_step.py", "--config", str(config), "--nproc", "1",
+         "--backend", "gloo", "--steps", "2", "--warmup", "1", "--repeats", "1",
+         "--util-seconds", "0", "--cases", "ddp:tiny:fp16", "ddp:tiny:fp32", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=_env(PYTHONPATH=str(site), BENCH_SITE_PROBE=str(probe)),
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 case(s) failed: ddp:tiny:fp16 (this)" in proc.stderr
+    rank = f"{REPO / 'benchmarks' / 'bench_step.py'} --worker "  # not torchrun's `-m ...`
+    workers = [line for line in probe.read_text().splitlines() if line.startswith(rank)]
+    assert len(workers) == 2, probe.read_text()  # the one rank of each case
+    rows = {r["case"]: r for r in strict_json(out.with_suffix(".json"))}
+    assert "training.precision: fp16 needs CUDA" in rows["ddp:tiny:fp16"]["failed"]
+    assert rows["ddp:tiny:fp16"]["tries"] == []
+    assert rows["ddp:tiny:fp32"]["failed"] is None
+    assert rows["ddp:tiny:fp32"]["tries"][0]["plain samples/s"] > 0
+    table = out.with_suffix(".txt").read_text()
+    assert "| this | ddp | tiny | fp16 | FAILED: training.precision: fp16 needs CUDA" in table
+    fp32 = next(line for line in table.splitlines() if "| tiny | fp32 |" in line)
+    assert fp32.count("|") == 13 and "FAILED" not in fp32
+
+
+def test_compile_failing_on_a_reproduced_torch_bug_is_known_not_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train-cuda-compile`` when the compiled run fails with inductor's stride assertion:
+    the suite runs the minimal reproduction; where it fails the same way (exit 1: the torch
+    bug is on this machine) the step is ``known`` with the upstream links and both errors,
+    counted apart and not failing the suite; where it does not, the step fails. A FAKE of
+    the two processes (the CUDA run and the reproduction), which need a GPU."""
+    suite = _script("gpu_suite")
+    said = ("torch.compile failed before the first step on rank(s) [0] (rank 0: AssertionError: "
+            "expected size 64==64, stride 64==1 at dim=1; ...)")  # fmt: skip
+
+    def compiled_run(*_a: Any, **_k: Any) -> Any:
+        def run(_s: Any) -> dict[str, Any]:
+            raise suite.StepFailed(f"train-cuda-fp32-compile: exit 1, failed: {said}")
+
+        return run
+
+    monkeypatch.setattr(suite, "_cuda_run", compiled_run)
+    args = SimpleNamespace(budget_s=60.0, cpu=False, results_dir=tmp_path)
+    s = suite.Suite(args=args, cuda=True, work=tmp_path)  # type: ignore[arg-type]
+    step = next(st for st in suite.STEPS if st.name == "train-cuda-compile")
+    repro = {"torch": "2.11.0+cu130", "error": "AssertionError: expected size 64==64"}
+    records = {}
+    for rc in (1, 0):  # the reproduction failed the same way / ran clean
+
+        def sh(self: Any, cmd: list[str], timeout: float, rc: int = rc) -> Any:
+            out = json.dumps({**repro, "reproduced": rc == 1}) + "\n"
+            return subprocess.CompletedProcess(cmd, rc, out, "")
+
+        monkeypatch.setattr(suite.Suite, "sh", sh)
+        records[rc] = suite._run_step(s, step)
+    known, failed = records[1], records[0]
+    assert known["status"] == "known", known
+    assert "https://github.com/pytorch/pytorch/issues/171622" in known["reason"]
+    assert known["details"]["repro"]["reproduced"] is True
+    assert known["details"]["ups"].endswith(said)
+    assert failed["status"] == "failed" and "the cause is not known" in failed["reason"]
+    s.results[step.name] = known
+    suite.write_results(s, {"schema_version": 1})
+    doc = strict_json(tmp_path / "gpu-suite.json")
+    assert doc["counts"] == {"passed": 0, "failed": 0, "known": 1, "skipped": 0}

@@ -113,3 +113,18 @@ def test_untrained_model_is_the_baseline() -> None:
     out = model({"advection": x1, "darcy": x2})
     assert torch.equal(out["advection"], x1)
     assert torch.equal(out["darcy"], mean.expand(3, 1, 16, 16))
+
+
+def test_decoders_feed_their_conv_a_contiguous_grid() -> None:
+    """Every decoder's transposed conv gets a contiguous grid, never the channels-last view
+    of the transposed tokens: compiled on CUDA, that view failed inductor's stride check in
+    the conv's backward (torch 2.11; scripts/repro_compile_conv_stride.py)."""
+    model = _model(ADVECTION, DARCY, REACTION)
+    seen: dict[str, bool] = {}
+    for task, decoder in model.decoders.items():
+        decoder.proj.register_forward_pre_hook(
+            lambda _m, args, task=task: seen.__setitem__(task, args[0].is_contiguous())
+        )
+    model({"advection": torch.randn(3, 1, 64), "darcy": torch.randn(5, 1, 16, 16),
+           "reaction": torch.randn(2, 2, 16, 8)})  # fmt: skip
+    assert seen == {"advection": True, "darcy": True, "reaction": True}

@@ -134,6 +134,7 @@ def test_nccl_busbw_is_judged_against_the_gpu_table() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow  # the check starts one worker process per GPU
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nccl_on_real_gpus() -> None:
     """On a GPU host the check runs nccl, one process per GPU, and is correct."""

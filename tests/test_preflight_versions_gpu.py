@@ -14,31 +14,82 @@ from tests.fixtures.preflight_helpers import run_check
 from ups.pins import cudnn_string, matches
 from ups.preflight import Status
 from ups.preflight.checks.gpu import GpuFacts, evaluate
+from ups.preflight.checks.versions import judge
 from ups.preflight.nvml import GpuInfo, NvmlFacts
+from ups.torchcompat import in_supported_range, release
 
 
-def test_repo_pins_match_this_torch() -> None:
-    """The repo's pins.toml matches the installed torch; CUDA parts skip on a CPU build."""
+def test_repo_pins_judge_this_torch() -> None:
+    """The repo's pins.toml against the installed torch: the pinned release passes; another
+    release inside the supported range (the GPU machine's 2.11) warns naming both, never
+    fails; CUDA parts skip on a CPU build."""
     result = run_check("versions", pins_path=REPO / "pins.toml")
-    assert result.status is Status.PASS, result.message
     components = result.details["components"]
-    assert components["torch"]["status"] == "pass"
+    pinned = components["torch"]["pinned"]
+    assert in_supported_range(torch.__version__)
+    if matches(pinned, torch.__version__):
+        assert result.status is Status.PASS, result.message
+        assert components["torch"]["status"] == "pass"
+    else:
+        assert result.status is Status.WARN, result.message
+        assert f"torch: pinned {pinned}, running {torch.__version__}" in result.message
     if torch.version.cuda is None:
         for name in ("cuda", "cudnn", "nccl"):
             assert components[name]["status"] == "skip"
             assert components[name]["reason"] == "not available (CPU build of torch)"
 
 
-def test_pin_mismatch_fails_showing_both_versions(tmp_path: Path) -> None:
-    """A torch pin that does not match fails and shows the pinned and running versions."""
+def test_pin_mismatch_inside_the_range_warns_showing_both_versions(tmp_path: Path) -> None:
+    """A torch pin that differs from the running torch, which is inside the supported range:
+    a warning naming the pinned and the running version (ups runs), with the hint."""
     pins = tomllib.loads((REPO / "pins.toml").read_text())
     pins["versions"]["torch"] = "2.12.1"
     path = tmp_path / "pins.toml"
     path.write_text("[versions]\n" + "".join(f'{k} = "{v}"\n' for k, v in pins["versions"].items()))
     result = run_check("versions", pins_path=path)
-    assert result.status is Status.FAIL
+    assert result.status is Status.WARN
     assert f"torch: pinned 2.12.1, running {torch.__version__}" in result.message
+    assert "inside ups's supported range >=2.11,<2.16" in result.message
     assert result.hint is not None and "pins.toml" in result.hint
+
+
+PINS = {"python": "3.12", "torch": "2.13.0", "cuda": "13.0", "cudnn": "9", "nccl": "2"}
+GPU_MACHINE = {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "9.19.0",
+               "nccl": "2.28.9"}  # fmt: skip
+
+
+def test_versions_judged_against_pins_and_the_supported_range() -> None:
+    """The pinned release passes; the GPU machine's 2.11 (inside the range) warns naming both
+    torch versions; a torch outside the range (2.9, 2.16) fails naming the range and the pip
+    install that fixes it; a CUDA that differs with torch inside the range only warns."""
+    same = judge(PINS, {**GPU_MACHINE, "torch": "2.13.0+cu130"}, "pins.toml")
+    assert same.status is Status.PASS, same.message
+
+    older = judge(PINS, GPU_MACHINE, "pins.toml")
+    assert older.status is Status.WARN
+    assert "torch: pinned 2.13.0, running 2.11.0+cu130" in older.message
+    assert older.details["components"]["torch"]["status"] == "warn"
+
+    for outside in ("2.9.1+cu128", "2.16.0", "2.10.0"):
+        result = judge(PINS, {**GPU_MACHINE, "torch": outside}, "pins.toml")
+        assert result.status is Status.FAIL, outside
+        assert f"torch: running {outside}, outside ups's supported range torch>=2.11,<2.16" in (
+            result.message
+        )
+        assert result.hint is not None and "pip install 'torch==2.13.0'" in result.hint
+
+    cuda = judge(PINS, {**GPU_MACHINE, "torch": "2.13.0+cu128", "cuda": "12.8"}, "pins.toml")
+    assert cuda.status is Status.WARN and "cuda: pinned 13.0, running 12.8" in cuda.message
+
+
+def test_supported_range_reads_release_numbers() -> None:
+    """Local build tags, pre-releases and nightlies are judged by their release numbers."""
+    assert release("2.11.0+cu130") == (2, 11, 0)
+    assert release("2.16.0.dev20260101+cpu") == (2, 16, 0)
+    assert release("2.15.0rc1") == (2, 15, 0)
+    assert in_supported_range("2.11.0") and in_supported_range("2.15.0+cu130")
+    assert in_supported_range("2.13.0+cpu")
+    assert not in_supported_range("2.10.1") and not in_supported_range("2.16.0.dev20260101")
 
 
 def test_missing_pins_file_fails(tmp_path: Path) -> None:

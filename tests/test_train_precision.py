@@ -39,7 +39,9 @@ def _config(root: Path, data: dict[str, Path], tasks: int = 2, **training: Any) 
         "training": {"batch_size": BATCH, "log_every": 1, "lr": 1e-2, "warmup_steps": 2,
                      "schedule": "constant", **training},
         "checkpoint": {"every_steps": 1000},
-        "distributed": {"init_timeout_s": 300, "collective_timeout_s": 60},
+        # gloo: these runs are on the CPU on every host; on a 1-GPU host `auto` would pick
+        # nccl and give rank 1 a GPU that is not there (the GPU suite's first run).
+        "distributed": {"backend": "gloo", "init_timeout_s": 300, "collective_timeout_s": 60},
         "wandb": {"mode": "disabled"},
     }  # fmt: skip
     path = root / "config.yaml"
@@ -118,8 +120,8 @@ def test_compile_without_a_cxx_compiler_stops_every_rank_naming_the_fix(
 
 @pytest.mark.slow
 def test_fp16_without_cuda_is_a_config_error(tmp_path: Path, tiny_data: dict[str, Path]) -> None:
-    """``precision: fp16`` on a host without CUDA: exit 2 before any process group, naming
-    the key and the alternatives (no traceback)."""
+    """``precision: fp16`` on a run without CUDA (``backend: gloo``, so on a GPU host too):
+    exit 2 before any process group, naming the key and the alternatives (no traceback)."""
     proc = subprocess.run(
         [PYTHON, "-m", "ups.train.main", str(_config(tmp_path, tiny_data, precision="fp16"))],
         capture_output=True, text=True, timeout=120, env=worker_env(), cwd=REPO,

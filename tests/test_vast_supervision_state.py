@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ups.deploy.errors import DeployError
+from ups.deploy.frontend import command
 from ups.deploy.managed import lease
 from ups.deploy.managed import record as supervision
 from ups.deploy.managed.lease import EXIT_SUPERVISED, Lease, LeaseHeld
@@ -30,11 +31,12 @@ def test_every_change_is_saved_as_strict_json_and_read_back(tmp_path: Path) -> N
     run_dir = tmp_path / "r1"
     sup, known = supervision.Supervision.load_or_new(run_dir, _state())
     assert not known
-    sup.rented(7001, offer_id=101, machine_id=None, price=3600.0)
-    sup.machine(7001, 1010)
+    sup.rented("7001", offer_id="101", machine_id=None, price=3600.0, provider="vast",
+               host="vast", epoch=1)  # fmt: skip
+    sup.machine("7001", "1010")
     sup.synced(10)
-    sup.instance_ended(7001, "lost: outbid")
-    sup.recovery("outbid", 7001)
+    sup.instance_ended("7001", "lost: outbid")
+    sup.recovery("outbid", "7001")
     assert sup.state.status is supervision.RunStatus.RECOVERING
     sup.resumes_from(10, 5)
     sup.trains_again(12.5)
@@ -45,11 +47,11 @@ def test_every_change_is_saved_as_strict_json_and_read_back(tmp_path: Path) -> N
     st = again.state
     assert (st.recoveries, st.steps_lost, [c.step for c in st.checkpoints]) == (1, 5, [10])
     (recovery,) = st.history
-    assert (recovery.number, recovery.lost_instance, recovery.reason) == (1, 7001, "outbid")
+    assert (recovery.number, recovery.lost_instance, recovery.reason) == (1, "7001", "outbid")
     assert (recovery.resume_step, recovery.steps_lost, recovery.downtime_s) == (10, 5, 12.5)
     assert st.status is supervision.RunStatus.RUNNING
     (rec,) = st.instances
-    assert (rec.offer_id, rec.machine_id, rec.end_reason) == (101, 1010, "lost: outbid")
+    assert (rec.offer_id, rec.machine_id, rec.end_reason) == ("101", "1010", "lost: outbid")
     assert rec.ended is not None and st.cost() == pytest.approx(rec.ended - rec.started)
     assert st.current() is None
     assert [s.run_id for s in supervision.all_runs(tmp_path)] == ["r1"]
@@ -87,14 +89,15 @@ def test_a_damaged_state_file_is_named_with_the_fix(tmp_path: Path) -> None:
 def test_a_second_supervisor_is_refused_while_the_first_lives(tmp_path: Path) -> None:
     """The holder is named with its pid and the command that follows the run instead; once
     released, the run is free; the refusal carries the documented exit code."""
+    follow = command("logs", "--host", "vast", "--run", "r1")
     first = Lease(tmp_path, "r1", "detached")
-    first.take("fab logs --host vast --run r1")
+    first.take(follow)
     second = Lease(tmp_path, "r1", "following")
     with pytest.raises(LeaseHeld) as err:
-        second.take("fab logs --host vast --run r1")
+        second.take(follow)
     assert err.value.exit_code == EXIT_SUPERVISED == 20
     assert "detached supervisor pid" in str(err.value)
-    assert "`fab logs --host vast --run r1`" in str(err.value)
+    assert "Follow it with `fab logs --host vast --run r1` (or `ups logs`" in str(err.value)
     held = lease.holder(tmp_path)
     assert held is not None and held.token == first.token
     first.release()

@@ -9,6 +9,11 @@ started, or empty). A checkpoint counts as *committed* when it is complete:
 - named through :func:`commit` (recorded in ``.ups-committed`` in the directory). Once a
   directory has that record, only the checkpoints it names count.
 
+Under ``--stall-timeout`` (docs/script.md) every call of :func:`should_stop`, :func:`commit`
+and :func:`progress` is also a heartbeat: at most once a second it rewrites
+``$UPS_PROGRESS_DIR/rank<RANK>`` (with the last step given to :func:`progress`), which ups
+reads as "this rank is making progress".
+
 This module uses only the standard library and nothing else of ups: copy it into your
 project, or ``from ups import ckpt``. Using it is optional; the environment variables
 and the naming rule are the whole contract.
@@ -16,15 +21,20 @@ and the naming rule are the whole contract.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 ENV_DIR = "UPS_CHECKPOINT_DIR"
 ENV_RESUME = "UPS_RESUME"
 ENV_RUN_ID = "UPS_RUN_ID"
+ENV_PROGRESS = "UPS_PROGRESS_DIR"
+"""Where the heartbeats go (set by ``ups launch`` when it watches for stalls)."""
+BEAT_EVERY_S = 1.0
 RECORD = ".ups-committed"
 """Names committed through :func:`commit`, one a line, oldest first."""
 TMP_SUFFIX = ".tmp"
@@ -33,6 +43,8 @@ DEFAULT_DIR = "checkpoints"
 
 _stop = threading.Event()
 _handler_installed = False
+_beat_at = float("-inf")
+_beat_step: int | None = None
 
 
 def checkpoint_dir() -> Path:
@@ -105,6 +117,7 @@ def commit(path: str | os.PathLike[str]) -> Path:
         with source.open("rb") as f:
             os.fsync(f.fileno())
     if source.name.endswith(TMP_SUFFIX):
+        _beat()
         final = source.with_name(source.name.removesuffix(TMP_SUFFIX))
         os.replace(source, final)
         _fsync_dir(final.parent)
@@ -115,6 +128,7 @@ def commit(path: str | os.PathLike[str]) -> Path:
         # The first recorded name switches the directory to the record: keep the
         # checkpoints committed by the rename rule until now.
         names = [p.name for p in committed(source.parent) if p != source]
+    _beat()
     names.append(source.name)
     staged = record.with_name(RECORD + TMP_SUFFIX)
     staged.write_text("".join(f"{n}\n" for n in names))
@@ -140,4 +154,33 @@ def should_stop() -> bool:
     if not _handler_installed and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_term)
         _handler_installed = True
+    _beat()
     return _stop.is_set()
+
+
+def progress(step: int | None = None) -> None:
+    """Tell ups this rank is making progress (``step``: where it is, shown if it stalls).
+
+    A script that calls :func:`should_stop` every step needs nothing more. Call this where
+    a rank works for long without printing or calling anything here (a long evaluation
+    loop); it costs a clock read, and a file write at most once a second.
+    """
+    _beat(step)
+
+
+def _beat(step: int | None = None) -> None:
+    global _beat_at, _beat_step
+    if step is not None:
+        _beat_step = step
+    now = time.monotonic()
+    if now - _beat_at < BEAT_EVERY_S:
+        return
+    _beat_at = now
+    directory = os.environ.get(ENV_PROGRESS)
+    if not directory:
+        return
+    path = Path(directory) / f"rank{os.environ.get('RANK', '0')}"
+    # A heartbeat that cannot be written (a full disk) must not fail the training it
+    # reports on; the watcher still sees the rank's CPU, I/O and output.
+    with contextlib.suppress(OSError):
+        path.write_text("" if _beat_step is None else f"{_beat_step}\n")

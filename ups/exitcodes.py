@@ -54,9 +54,11 @@ DEPLOY = ExitCode(
     3,
     "deploy",
     "`fab`/`ups` deploy tasks: the host could not be reached, verified (a changed host key) "
-    "or set up; nothing was started there.",
+    "or set up; nothing was started there. `ups dev-host down`: runs on the dev host were "
+    "not fetched home (it names them); nothing was stopped.",
     "The message names the host and the step that failed; fix that (address, key, network, "
-    "disk on the host) and deploy again.",
+    "disk on the host) and deploy again. For `ups dev-host down`: `fab fetch` each run it "
+    "names, or `ups dev-host down --discard`.",
 )
 REMOTE_PREFLIGHT = ExitCode(
     4,
@@ -67,17 +69,17 @@ REMOTE_PREFLIGHT = ExitCode(
 PROVIDER_API = ExitCode(
     5,
     "provider_api",
-    "The provider's API (Vast) refused or could not answer: no API key, a key it rejected, "
-    "rate limiting that did not clear, a query it does not accept.",
-    "Set the API key (`vastai set api-key KEY` or `VAST_API_KEY`), check the offer query, "
-    "try again later when it was rate limited.",
+    "A provider's API (Vast, RunPod) refused or could not answer: no API key, a key it "
+    "rejected, rate limiting that did not clear, a query it does not accept.",
+    "Set the provider's API key (Vast: `vastai set api-key KEY` or `VAST_API_KEY`; RunPod: "
+    "`RUNPOD_API_KEY`), check the offer query, try again later when it was rate limited.",
 )
 NOTHING_TO_RUN_ON = ExitCode(
     6,
     "nothing_to_run_on",
-    "No machine to run on: no Vast offer matched the query under the price cap (or every "
-    "one was taken first); a Slurm job stayed pending for `max_pending_s` and was "
-    "cancelled. Nothing is billing.",
+    "No machine to run on: no offer of the provider (or of any failover entry) matched the "
+    "requirements under the price cap (or every one was taken first); a Slurm job stayed "
+    "pending for `max_pending_s` and was cancelled. Nothing is billing.",
     "Widen the offer query or raise `max_price_per_hour`; for Slurm, ask for what the "
     "partition has (the message gives Slurm's reason).",
 )
@@ -134,6 +136,15 @@ PREEMPTED = ExitCode(
     "same step and the checkpoint was written.",
     "Run the same command again: it continues from that checkpoint.",
 )
+STALLED = ExitCode(
+    124,
+    "stalled",
+    "`ups launch --script` (and a deploy of a script): the script made no progress for "
+    "`--stall-timeout` seconds; ups recorded every rank's stack and ended it (the code GNU "
+    "`timeout` exits with when it ends its command).",
+    "Read the stacks the message names (`runs/<id>/stacks/`): the odd rank out is where it "
+    "hung. Fix the hang, then run the same command: it resumes from the newest checkpoint.",
+)
 STOPPED_SIGHUP = ExitCode(
     129,
     "stopped_sighup",
@@ -172,6 +183,7 @@ TABLE: tuple[ExitCode, ...] = (
     NONFINITE,
     SAVE_FAILED,
     PREEMPTED,
+    STALLED,
     STOPPED_SIGHUP,
     INTERRUPTED,
     STOPPED_SIGTERM,

@@ -26,7 +26,10 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
       "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
       "training": {"strategy": "ddp", "precision": "bf16", "compiled": true,
-                   "accum_steps": 4, "oom_policy": "skip"}
+                   "accum_steps": 4, "oom_policy": "skip"},
+      "stall": {"seconds": 31.2, "timeout_s": 30, "odd_ranks": [1], "summary": "...",
+                "stacks": "runs/<id>/stacks", "last_step": {"0": 412}},  # cause stalled
+      "warnings": ["2 ranks ran, none joined a process group: ..."]
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).
@@ -51,6 +54,7 @@ EXIT_CONFIG = exitcodes.USAGE.code
 EXIT_NONFINITE = exitcodes.NONFINITE.code  # EX_DATAERR
 EXIT_SAVE_FAILED = exitcodes.SAVE_FAILED.code  # EX_IOERR
 EXIT_PREEMPTED = exitcodes.PREEMPTED.code  # EX_TEMPFAIL
+EXIT_STALLED = exitcodes.STALLED.code  # GNU timeout's
 
 Kind = Literal["finished", "failed", "preempted"]
 
@@ -83,9 +87,15 @@ class Outcome:
     training: dict[str, Any] | None = None
     """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
     ``oom_policy``; null when it ended before training was set up."""
+    warnings: list[str] = field(default_factory=list)
+    """What a run that ended as it did should not have done (several ranks that never
+    joined a process group), one sentence each."""
     checkpoint_sync: dict[str, Any] | None = None
     """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
     ``pending`` (on this host only) and whether the final upload completed."""
+    stall: dict[str, Any] | None = None
+    """Cause ``stalled``: how long no rank made progress, the timeout, the odd rank(s), where
+    every rank was, the stack files' directory, each rank's last reported step."""
 
     @property
     def at_step(self) -> str:

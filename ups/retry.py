@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 from ups import exitcodes
 from ups.bucket.store import BucketError, BucketUnreachable
-from ups.outcome import EXIT_CONFIG, EXIT_NONFINITE, EXIT_PREEMPTED, EXIT_SAVE_FAILED, Outcome
+from ups.outcome import (
+    EXIT_CONFIG,
+    EXIT_NONFINITE,
+    EXIT_PREEMPTED,
+    EXIT_SAVE_FAILED,
+    EXIT_STALLED,
+    Outcome,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +52,7 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
         True,
         exitcodes.STOPPED_BY_SIGNAL,
         "ups launch got SIGHUP/SIGINT/SIGTERM outside training (preflight, startup, "
-        "wrap-up): no checkpoint of that moment",
+        "wrap-up), or a script's rank did not exit 0 after it: no checkpoint of that moment",
     ),
     RetryRule("killed", True, (), "no outcome.json: ups launch was killed or the host died"),
     RetryRule("rank_signal", True, (), "a rank died by a signal (SIGKILL, SIGSEGV, SIGBUS...)"),
@@ -57,6 +64,13 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
     ),
     RetryRule("hang", True, (), "a collective timed out: a rank hung"),
     RetryRule("peer_died", True, (), "a collective failed: a peer's connection dropped"),
+    RetryRule(
+        "stalled",
+        False,
+        (EXIT_STALLED,),
+        "a --script run made no progress for --stall-timeout: ups named the rank and line "
+        "and ended it; it would hang again (resume with --run-id once fixed)",
+    ),
     RetryRule("exception", False, (), "a Python exception in a rank: it would raise again"),
     RetryRule("too_many_oom_skips", False, (), "training.max_consecutive_skips reached"),
     RetryRule("oom_in_step", False, (), "out of memory inside the optimizer step on every rank"),

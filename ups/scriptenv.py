@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ups import ckpt
+from ups import ckpt, stackdump
 
 Who = Literal["ups", "torchrun"]
-When = Literal["every run", "a script's run", "CPU hosts", "GPU hosts"]
+When = Literal["every run", "a script's run", "a watched script's run", "CPU hosts", "GPU hosts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,8 @@ class EnvVar:
     """What it holds, for people."""
     when: When
     """Which runs get it: every run, only your own script's (``--script``/``--run-file``),
-    or only on hosts with or without GPUs."""
+    only a script's watched for stalls (``--stall-timeout`` not 0), or only on hosts with
+    or without GPUs."""
     set_by: Who = "ups"
     kept: bool = False
     """A value already in the environment wins over ups's default."""
@@ -50,12 +51,37 @@ RESUME = EnvVar(
     "(restored from the bucket first with `checkpoint_sync`), or empty: start from scratch",
     "a script's run",
 )
+PROGRESS_DIR = EnvVar(
+    ckpt.ENV_PROGRESS,
+    "where `ups.ckpt`'s `should_stop`, `commit` and `progress` leave each rank's heartbeat "
+    "(`rank<N>`): the stall watch reads them as progress",
+    "a watched script's run",
+)
+STACK_DIR = EnvVar(
+    stackdump.ENV_STACK_DIR,
+    "where each rank writes its Python stacks (`rank<N>.txt`) when ups asks, on a stall",
+    "a watched script's run",
+)
 TABLE: tuple[EnvVar, ...] = (
     RUN_ID,
     RUN_DIR,
     ATTEMPT,
     CHECKPOINT_DIR,
     RESUME,
+    PROGRESS_DIR,
+    STACK_DIR,
+    EnvVar(
+        "PYTHONPATH",
+        "ups's stack hook first (a `sitecustomize.py` that answers a stack request, then runs "
+        "any `sitecustomize` of yours), then your own `PYTHONPATH`",
+        "a watched script's run",
+    ),
+    EnvVar(
+        stackdump.ENV_HOOKED,
+        "set by that hook in the rank it hooked (its pid), so the rank's own children "
+        "(DataLoader workers) do not hook again",
+        "a watched script's run",
+    ),
     EnvVar(
         "PYTHONUNBUFFERED", "`1`: every line reaches the run's log as it is printed", "every run"
     ),

@@ -4,14 +4,15 @@
                --rdzv-endpoint HOST:PORT] [--run-id ID | --fresh] [--max-restarts N]
                [--allow-resume-change world_size,...] [--skip-preflight] [--dry-run]
                [--log-format {auto,console,json}]
-    ups launch --script my_train.py [--output-dir runs] -- SCRIPT_ARGS...
+    ups launch --script my_train.py [--output-dir runs] [--stall-timeout S] -- SCRIPT_ARGS...
     ups launch --run-file ups-run.yaml [-- SCRIPT_ARGS...]   (docs/script.md)
 
 Running the same command again continues the latest run of that name when it ended
 unfinished for a retryable reason (``ups.retry``); ``--fresh`` starts a new run.
 
-Exit code: the run's (0 finished, 75 preempted, torchrun's code on failure); 2 for a
-bad config or bad flags (reported before anything starts) or a refused resume.
+Exit code: the run's (0 finished, 75 preempted, 124 a script that stalled, torchrun's code
+on failure); 2 for a bad config or bad flags (reported before anything starts) or a
+refused resume.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ups.config import Config, ConfigError, load_config
-from ups.console import LOG_FORMATS, wants_console
-from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_CONFIG
-from ups.workload import ScriptWorkload, WorkloadError, load_run_file, with_args
+
+if TYPE_CHECKING:
+    from ups.config import Config
+    from ups.workload import ScriptWorkload
+
+# Only what the flags need is imported up front: a mistake a user can see from the command
+# line alone (a script that does not exist) is answered before the config schema, pydantic,
+# rich and the rest are loaded, in a fraction of a second.
+LOG_FORMATS = ("auto", "console", "json")
+"""``ups.console.LOG_FORMATS`` (a test keeps them equal)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,6 +123,14 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/script.md); the script runs in its workdir",
     )
     p.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="end a --script run in which no rank made progress for this long, with every "
+        "rank's stack and the odd rank named (default: the run file's stall_timeout_s, "
+        "else 300; 0: never)",
+    )
+    p.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
         help="a script's UPS_CHECKPOINT_DIR, instead of the run file's or <run dir>/checkpoints "
@@ -157,11 +173,23 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+def _missing_script(script: str) -> str | None:
+    """``--script PATH`` that names no file, said in one paragraph (checked first)."""
+    if os.path.isfile(script):
+        return None
+    return (
+        f"ups launch: --script {script!r} is not a file (looked in {os.getcwd()}); give the "
+        "path of your training script. Nothing was started."
+    )
+
+
 def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWorkload:
     """Read ``--run-file`` (every problem at once, WorkloadError), move into its workdir
     (the script's relative paths mean what they mean there) and return it, with
     ``-- ARGS`` in place of its args when given. Secrets from its ``env_file`` join
     this process's environment, which the workers inherit; never the plan's."""
+    from ups.workload import WorkloadError, load_run_file, with_args
+
     if args.script or args.config:
         raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
     workload = with_args(load_run_file(Path(args.run_file)), script_args)
@@ -185,6 +213,13 @@ def main(argv: list[str]) -> int:
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
     )
     args = _parser().parse_args(own)
+    if args.script is not None and (problem := _missing_script(args.script)):
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    from ups.config import ConfigError, load_config
+    from ups.launch.plan import LaunchRequest, build_plan
+    from ups.workload import WorkloadError, script_workload
+
     if args.config and args.output_dir:
         # One place decides where the run lives: the config, which the trainer reads too.
         args.overrides.append(f"run.output_dir={args.output_dir}")
@@ -196,6 +231,10 @@ def main(argv: list[str]) -> int:
         if args.gpus is not None:
             _select_gpus(args.gpus)
         workload = _from_run_file(args, script_args) if args.run_file is not None else None
+        if args.script is not None:
+            if args.run_file is not None or args.config:
+                raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
+            script_workload(args.script, script_args)  # a missing script: now, exit 2
         req = LaunchRequest(
             config_path=args.config,
             overrides=args.overrides,
@@ -205,6 +244,7 @@ def main(argv: list[str]) -> int:
             stop_grace_s=workload.stop_grace_s if workload else None,
             checkpoint_sync_url=workload.checkpoint_sync if workload else None,
             checkpoint_sync_endpoint=workload.sync_endpoint if workload else None,
+            outputs=list(workload.outputs) if workload else [],
             nproc_per_node=args.nproc_per_node,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
@@ -218,6 +258,13 @@ def main(argv: list[str]) -> int:
             preflight_skip=args.preflight_skip,
             fresh=args.fresh,
             max_restarts=args.max_restarts,
+            stall_timeout_s=(
+                args.stall_timeout
+                if args.stall_timeout is not None
+                else workload.stall_timeout_s
+                if workload
+                else None
+            ),
         )
         # Every problem the config check can see (the schema's, a missing data file, a
         # file that does not match its layout, a missing cache directory) is a config error
@@ -241,6 +288,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(plan.to_json())
         return 0
+    from ups.console import wants_console
     from ups.launch.execute import execute
 
     render = wants_console(args.log_format, sys.stdout)

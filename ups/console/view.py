@@ -30,8 +30,9 @@ from ups import jsonio
 from ups.console.format import event_text, parse_event, render_line, short
 from ups.console.tables import eval_table, outcome_table
 
-QUIET_EVENTS = frozenset({"preflight_check", "preflight_done"})
-"""Shown as the preflight table that follows them, not one line per check."""
+QUIET_EVENTS = frozenset({"preflight_check", "preflight_done", "stall_ruled_out"})
+"""Not shown one line each at level info: the preflight checks (the table that follows
+shows them), a stall suspicion the stacks cleared (launch.log keeps it)."""
 STOP_EVENTS = frozenset({"stop_signal_received", "stop_signal_repeated", "preempt_stop"})
 """A requested stop telling its own story (launch got the signal, the ranks stop at a
 step): shown as information, never counted as a warning; the table says how it ended."""

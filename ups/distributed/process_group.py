@@ -15,14 +15,19 @@ from ups.config import DistributedConfig
 from ups.distributed.env import DistEnv
 
 
+def uses_cuda(cfg: DistributedConfig) -> bool:
+    """True when a run with ``cfg`` trains on CUDA: a GPU is visible and the backend is not
+    ``gloo`` (which keeps the run on the CPU)."""
+    return torch.cuda.is_available() and cfg.backend != "gloo"
+
+
 def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
     """Init the process group (bounded by ``cfg.init_timeout_s``), pick the device, barrier.
 
     A plain process (no torchrun) gets a one-rank gloo group on an in-memory store, so
     the training loop runs the same collectives either way.
     """
-    use_cuda = torch.cuda.is_available() and cfg.backend != "gloo"
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if uses_cuda(cfg) else "gloo")
     if backend == "nccl" and not torch.cuda.is_available():
         raise ValueError(
             "distributed.backend is 'nccl' but CUDA is not available on this host; "

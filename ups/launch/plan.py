@@ -7,6 +7,7 @@ the plan shows the port the run will really use. ``--dry-run`` prints the plan.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -14,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from ups import jsonio, scriptenv
+from ups.ckpt import ENV_PROGRESS
 from ups.config import Config
 from ups.config.schema import DistributedConfig
 from ups.grace import shutdown_timeout_s
-from ups.rundir import RunChoice, choose_run
+from ups.rundir import RunChoice, ScriptRuns, choose_run
 from ups.runid import run_id_problem
+from ups.stackdump import ENV_STACK_DIR
+from ups.workload import checkpoint_dir_problem
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -27,6 +31,10 @@ DEFAULT_RDZV_TIMEOUT_S = 300
 """How long node agents wait for each other without a config (torch's own default: 600)."""
 CPU_NPROC = 2
 """Workers per node on a host without GPUs."""
+DEFAULT_STALL_TIMEOUT_S = 300.0
+"""A script run in which no rank made progress this long is ended (docs/script.md: a healthy
+loop has every rank busy or waiting inside a collective, so it never trips the rule; 300 s
+is torchtitan's bound on init and the first step, and half NCCL's collective timeout)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -45,6 +53,8 @@ class LaunchRequest:
     checkpoint_sync_url: str | None = None
     """A script's bucket (``s3://bucket/prefix``): its checkpoints go there and come back."""
     checkpoint_sync_endpoint: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    """A script's other outputs (globs relative to where it runs), brought home with the run."""
     nproc_per_node: int | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -64,6 +74,8 @@ class LaunchRequest:
     """Start a new run even when the latest one of this name can be resumed."""
     max_restarts: int | None = None
     """In-place restarts after a retryable failure; default ``distributed.max_restarts``."""
+    stall_timeout_s: float | None = None
+    """A script's stall timeout; default :data:`DEFAULT_STALL_TIMEOUT_S`, 0: not watched."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -92,9 +104,18 @@ class LaunchRequest:
         if self.run_id is not None and (problem := run_id_problem(self.run_id)):
             problems.append(f"--run-id: {problem}")
         if self.script is None and (
-            self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url
+            self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url or self.outputs
         ):
             problems.append("a checkpoint dir and stop grace are a script's; no --script was given")
+        if self.stall_timeout_s is not None and not 0 <= self.stall_timeout_s < math.inf:
+            problems.append(
+                f"--stall-timeout must be 0 (off) or more (got {self.stall_timeout_s:g})"
+            )
+        if self.stall_timeout_s is not None and self.script is None:
+            problems.append(
+                "--stall-timeout watches a --script run; the trainer bounds hangs itself "
+                "(distributed.collective_timeout_s)"
+            )
         if self.script_args and self.script is None:
             problems.append("arguments after `--` are passed to --script; no --script was given")
         if problems:
@@ -145,12 +166,19 @@ class LaunchPlan:
     checkpoint_sync_url: str | None
     """A script's bucket: launch uploads its checkpoints and restores the newest one."""
     checkpoint_sync_endpoint: str | None
+    workdir: str
+    """Where the workers run (a run file's workdir): a script's relative paths start here."""
+    script_outputs: list[str]
+    """A script's ``outputs`` globs, relative to ``workdir``."""
     max_restarts: int
     restart_backoff_s: float
     resume: dict[str, Any] | None
     """The unfinished run this launch continues (run_id, step, checkpoint, why), if any."""
     resume_note: str | None
     """Why the latest run of this name is not continued, when it is not."""
+    stall_timeout_s: float | None = None
+    """A script run is ended when no rank made progress this long (``ups.launch.stall``);
+    None: not watched (the bundled trainer, or ``--stall-timeout 0``)."""
 
     @property
     def multi_node(self) -> bool:
@@ -183,6 +211,40 @@ def rank_log_dir(run_dir: str | Path, node_rank: int) -> Path:
     return torchelastic_dir(run_dir) / f"node{node_rank}"
 
 
+def stack_dir(run_dir: str | Path) -> Path:
+    """Where a script's ranks write their stacks when ups asks (``rank<N>.txt``)."""
+    return Path(run_dir).absolute() / "stacks"
+
+
+def progress_dir(run_dir: str | Path) -> Path:
+    """Where a script's ranks beat their hearts through ``ups.ckpt`` (``rank<N>``)."""
+    return Path(run_dir).absolute() / "progress"
+
+
+def hook_dir(run_dir: str | Path, node_rank: int) -> Path:
+    """The directory holding the ranks' ``sitecustomize.py`` (``ups.stackdump.SHIM``)."""
+    return torchelastic_dir(Path(run_dir).absolute()) / f"node{node_rank}-stackhook"
+
+
+def _stall_env(run_dir: Path, node_rank: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The stack hook first on the ranks' path, and where their stacks and heartbeats go."""
+    path = [str(hook_dir(run_dir, node_rank))]
+    if environ.get("PYTHONPATH"):
+        path.append(environ["PYTHONPATH"])
+    return {
+        "PYTHONPATH": os.pathsep.join(path),
+        ENV_STACK_DIR: str(stack_dir(run_dir)),
+        ENV_PROGRESS: str(progress_dir(run_dir)),
+    }
+
+
+def _stall_timeout(req: LaunchRequest) -> float | None:
+    if req.script is None:
+        return None
+    timeout = DEFAULT_STALL_TIMEOUT_S if req.stall_timeout_s is None else req.stall_timeout_s
+    return timeout or None
+
+
 def split_endpoint(endpoint: str) -> tuple[str, int]:
     """Split ``HOST:PORT`` (IPv6 as ``[::1]:PORT``). Raises ValueError with the fix."""
     host, sep, port = endpoint.rpartition(":")
@@ -203,7 +265,10 @@ def _resolve_run_id(
             "pass --run-id ID (or set run.run_id / UPS_RUN_ID) on each node"
         )
     name = cfg.run.name if cfg else Path(req.script or "run").stem
-    return choose_run(output_dir, name, fixed, fresh=req.fresh)
+    script = None
+    if req.script is not None:
+        script = ScriptRuns(Path(req.checkpoint_dir) if req.checkpoint_dir else None)
+    return choose_run(output_dir, name, fixed, fresh=req.fresh, script=script)
 
 
 def _resolve_nproc(req: LaunchRequest, cfg: Config | None, gpu_count: int) -> tuple[int, str]:
@@ -242,11 +307,14 @@ def _worker_env(
     return env
 
 
-def _script_env(req: LaunchRequest, run_dir: Path) -> dict[str, str]:
-    """A script's checkpoint directory (``UPS_RESUME`` is set as each attempt starts)."""
+def _script_env(req: LaunchRequest, run_dir: Path, output_dir: Path) -> dict[str, str]:
+    """A script's checkpoint directory (``UPS_RESUME`` is set as each attempt starts).
+    Raises ValueError when it is where the script runs or holds ups's runs."""
     if req.script is None:
         return {}
     directory = Path(req.checkpoint_dir) if req.checkpoint_dir else run_dir / "checkpoints"
+    if problem := checkpoint_dir_problem(directory, Path.cwd(), output_dir):
+        raise ValueError(f"ups launch: {problem}")
     return {scriptenv.CHECKPOINT_DIR.name: str(directory.absolute())}
 
 
@@ -268,6 +336,7 @@ def build_plan(
     choice = _resolve_run_id(req, cfg, output_dir, environ)
     run_id = choice.run_id
     run_dir = output_dir / run_id
+    script_env = _script_env(req, run_dir, output_dir)
     nproc, nproc_source = _resolve_nproc(req, cfg, gpu_count)
 
     preferred = req.master_port or (cfg.distributed.master_port if cfg else DEFAULT_MASTER_PORT)
@@ -282,6 +351,10 @@ def build_plan(
     torchrun_argv = _torchrun_argv(
         req, nproc, endpoint, run_id, run_dir, rdzv_timeout, grace, worker_argv
     )
+    stall = _stall_timeout(req)
+    env = _worker_env(run_id, str(run_dir), gpu_count, environ) | script_env
+    if stall is not None:
+        env |= _stall_env(run_dir, req.node_rank, environ)
     return LaunchPlan(
         run_id=run_id,
         run_dir=str(run_dir),
@@ -302,7 +375,7 @@ def build_plan(
         port_note=port_note,
         port_fixed=req.rdzv_endpoint is not None,
         torchrun_argv=torchrun_argv,
-        env=_worker_env(run_id, str(run_dir), gpu_count, environ) | _script_env(req, run_dir),
+        env=env,
         preflight=not (req.skip_preflight or req.preflight_passed_by),
         preflight_passed_by=req.preflight_passed_by,
         preflight_strict=req.preflight_strict,
@@ -312,10 +385,13 @@ def build_plan(
         stop_grace_s=grace,
         checkpoint_sync_url=req.checkpoint_sync_url,
         checkpoint_sync_endpoint=req.checkpoint_sync_endpoint,
+        workdir=str(Path.cwd()),
+        script_outputs=list(req.outputs),
         max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
         restart_backoff_s=dcfg.restart_backoff_s,
         resume=asdict(choice.resume) if choice.resume else None,
         resume_note=choice.note,
+        stall_timeout_s=stall,
     )
 
 

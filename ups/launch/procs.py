@@ -62,6 +62,24 @@ def sweep(grace_s: float = 5.0) -> list[int]:
 
 
 @dataclass
+class RankOf:
+    """Which rank a process belongs to, by the ``RANK`` its environment carries (cached per
+    pid). A rank's own children (DataLoader and compile workers) inherit it, so they count
+    as the rank's; torchrun's agent and launch have none."""
+
+    _ranks: dict[int, int | None] = field(default_factory=dict)
+
+    def __call__(self, p: psutil.Process) -> int | None:
+        if p.pid not in self._ranks:
+            try:
+                rank = p.environ().get("RANK")
+            except psutil.Error:
+                return None
+            self._ranks[p.pid] = int(rank) if rank is not None and rank.isdigit() else None
+        return self._ranks[p.pid]
+
+
+@dataclass
 class RssSampler:
     """Peak RSS per rank, sampled every ``interval_s`` from the processes with ``RANK`` set.
 
@@ -71,18 +89,9 @@ class RssSampler:
 
     interval_s: float = 0.5
     peak_rss: dict[int, int] = field(default_factory=dict)
-    _ranks: dict[int, int | None] = field(default_factory=dict)
+    _rank_of: RankOf = field(default_factory=RankOf)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-
-    def _rank_of(self, p: psutil.Process) -> int | None:
-        if p.pid not in self._ranks:
-            try:
-                rank = p.environ().get("RANK")
-            except psutil.Error:
-                return None
-            self._ranks[p.pid] = int(rank) if rank is not None and rank.isdigit() else None
-        return self._ranks[p.pid]
 
     def sample(self) -> None:
         for p in descendants():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,9 @@ class RankLogs:
             r: deque(maxlen=_KEEP_STDERR) for r in range(nproc)
         }
         """The last lines of each local rank's stderr, to name its exception."""
+        self.last_line: dict[int, float] = {}
+        """When each local rank last printed a whole line (``time.monotonic()``): progress,
+        for ``ups.launch.stall``."""
         self.started = threading.Event()
         """Set once torchrun has created the ranks' files (the workers exist)."""
 
@@ -108,6 +112,7 @@ class RankLogs:
         self._thread.join()
 
     def _emit(self, local_rank: int, stream: str, line: str) -> None:
+        self.last_line[local_rank] = time.monotonic()
         if stream == "stderr" and local_rank in self.stderr_tail:
             self.stderr_tail[local_rank].append(line)
         self._sink(line)
@@ -161,3 +166,17 @@ def printed_exception(stderr: list[str]) -> str | None:
         if line.strip() and not line[0].isspace():
             return line.strip()[:300]
     return None
+
+
+def last_words(stderr: list[str]) -> str | None:
+    """What a rank said last on stderr: its exception's ``Type: message`` when it printed a
+    traceback (``Fatal Python error: Aborted`` when it aborted), else its last line."""
+    exception = printed_exception(stderr)
+    if exception is not None:
+        return exception
+    lines = [_RANK_PREFIX.sub("", line, count=1).strip() for line in stderr]
+    fatal = [line for line in lines if line.startswith("Fatal Python error:")]
+    if fatal:
+        return fatal[-1][:300]
+    said = [line for line in lines if line]
+    return said[-1][:300] if said else None

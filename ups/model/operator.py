@@ -102,7 +102,11 @@ class PatchDecoder(nn.Module):
 
     def forward(self, z: Tensor) -> Tensor:
         z = self.norm(z).transpose(1, 2)
-        out: Tensor = self.proj(z.reshape(*z.shape[:2], *self.grid)) * self.scale + self.offset
+        # Contiguous, not the channels-last view the reshape of the transpose is: compiled
+        # (torch.compile) on CUDA, a transposed conv's backward on that view failed inductor's
+        # stride check in torch 2.11 (scripts/repro_compile_conv_stride.py).
+        grid = z.reshape(*z.shape[:2], *self.grid).contiguous()
+        out: Tensor = self.proj(grid) * self.scale + self.offset
         return out
 
 

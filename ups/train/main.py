@@ -25,6 +25,7 @@ from ups.train.cache import cache_problems
 from ups.train.faults import ENV_VAR, fault_problems, parse_faults
 from ups.train.run import train
 from ups.train.signals import StopFlag
+from ups.train.strategies import strategy_problems
 from ups.train.tracking import decide_wandb_for_rank
 
 
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.cache.enabled:
             problems += cache_problems(cfg, infos)
         problems += precision_problems(cfg)
+        problems += strategy_problems(cfg.training)
         problems += fault_problems(cfg.faults)
         if problems:
             raise ConfigError(args.config, problems)

@@ -21,6 +21,7 @@ from ups.distributed.agreement import broadcast_replica
 from ups.distributed.env import DistEnv
 from ups.distributed.gradbuf import GradBuffer
 from ups.model import LatentOperator
+from ups.torchcompat import ddp_no_forward_buffer_sync
 from ups.train.checkpoint import latest_good_checkpoint, save_checkpoint
 
 
@@ -97,7 +98,7 @@ class DDPStrategy:
         self.ddp = DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            forward_sync_buffers=False,  # no collective in forward: ups.distributed.agreement
+            **ddp_no_forward_buffer_sync(),  # no collective in forward: ups.distributed.agreement
             # oom_policy fail: DDP's buckets hold the gradients (no copy in and out of them);
             # skip: the trainer's GradBuffer does, and DDP never syncs (no_sync).
             gradient_as_bucket_view=bucket_view,

@@ -71,6 +71,9 @@ read-then-write round trip of a rival, so two cannot both keep it."""
 STOP_SIGNAL = signal.SIGUSR2
 """What the renewal thread of a lease taken with ``stop_main`` sends the main thread once
 the lease is lost (SIGUSR1 is the trainer's stack dump)."""
+DETACHING = "detaching"
+"""The lease mode of a ``--detach`` deploy while it rents and starts the run: short-lived,
+it hands the run to ``ups supervise`` (``following`` and ``detached`` supervise it)."""
 EXIT_SUPERVISED = exitcodes.SUPERVISED_ELSEWHERE.code
 EXIT_LEASE_LOST = exitcodes.LEASE_LOST.code
 
@@ -115,6 +118,9 @@ class Holder:
     """``following`` (a deploy in a terminal) or ``detached`` (``ups supervise``)."""
     since: float
     expires: float
+    epoch: int = 0
+    """The holder's lease epoch: one more than every holder's before it (the fence's
+    label on every instance it creates)."""
 
     def alive(self, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -125,7 +131,26 @@ class Holder:
 
     def describe(self) -> str:
         started = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        if self.mode == DETACHING:
+            return (
+                f"detached deploy pid {self.pid} on {self.host} (since {started}), which "
+                "hands the run to a background supervisor (`ups supervise`, another pid) once "
+                "the run has started"
+            )
         return f"{self.mode} supervisor pid {self.pid} on {self.host} (since {started})"
+
+    def how_to_end(self) -> str:
+        """What ends this holder: a supervisor is killed (its instance ends per on_exit);
+        a detaching deploy is waited for (its supervisor is the one to end afterwards)."""
+        if self.mode == DETACHING:
+            return (
+                "or wait for that deploy to finish and end its supervisor then (`fab "
+                "instances` names it)"
+            )
+        return (
+            f"or end that supervisor first (`kill {self.pid}` on {self.host} ends its "
+            "instance per on_exit)"
+        )
 
 
 def _process(pid: int) -> tuple[float | None, bool]:
@@ -208,6 +233,8 @@ class Lease:
         self.pid = os.getpid()
         self.lost = False
         """Set once another supervisor holds the run: nothing may act for it any more."""
+        self.epoch = 0
+        """This holder's epoch, set by :meth:`take`: newer than any holder's before it."""
         self._taker: Holder | None = None
         self._since = time.time()
         self._etag: str | None = None
@@ -238,6 +265,7 @@ class Lease:
             mode=self.mode,
             since=self._since,
             expires=time.time() + self.ttl_s,
+            epoch=self.epoch,
         )
 
     def _encoded(self) -> bytes:
@@ -246,22 +274,26 @@ class Lease:
     def _write(self) -> None:
         atomic_write_text(self.run_dir / LEASE_FILE, jsonio.dumps(asdict(self._mine())) + "\n")
 
-    def take(self, follow_hint: str) -> None:
-        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint`` is
-        the command that watches the run instead)."""
+    def take(self, follow_hint: str, after_epoch: int = 0) -> None:
+        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint``: the
+        command that watches the run instead, as :func:`ups.deploy.frontend.command` writes).
+        The epoch taken is one more than ``after_epoch`` (the run record's) and than any
+        earlier holder's found here or in the bucket."""
+        self.epoch = after_epoch + 1
 
         def refuse(held: Holder) -> LeaseHeld:
             return LeaseHeld(
                 f"run {self.run_id} is already supervised by the {held.describe()}; "
-                f"two supervisors would both recover it. Follow it with `{follow_hint}`, "
-                f"or end that supervisor first (`kill {held.pid}` on {held.host} ends its "
-                "instance per on_exit)."
+                f"two supervisors would both recover it. Follow it with {follow_hint}, "
+                f"{held.how_to_end()}."
             )
 
         with _locked(self.run_dir):
             held = read(self.run_dir)
             if held is not None and held.token != self.token and held.alive():
                 raise refuse(held)
+            if held is not None:
+                self.epoch = max(self.epoch, held.epoch + 1)
             self._write()
         if self.bucket is not None:
             from ups.bucket import BucketError
@@ -309,6 +341,9 @@ class Lease:
                 return None
             if held is not None and held.alive():
                 return held
+            if held is not None and held.epoch >= self.epoch:
+                self.epoch = held.epoch + 1  # a dead holder elsewhere: newer than it
+                self._write()
             try:
                 if stored is None:
                     self._etag = bucket.put_if_absent(self._key, self._encoded())
@@ -322,6 +357,8 @@ class Lease:
 
     def _claim_read_back(self, bucket: Bucket) -> Holder | None:
         held = read_bucket(bucket, self.run_id)
+        if held is not None and held.token != self.token and held.epoch >= self.epoch:
+            self.epoch = held.epoch + 1
         if held is None or held.token == self.token or not held.alive():
             bucket.put_bytes(self._key, self._encoded())
             time.sleep(SETTLE_S)  # a rival's write in flight lands before the read-back

@@ -19,6 +19,10 @@ from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import RENEWABLE_ENV
 
 STATE_DIR = ".ups/deploy"
+RUN_FILE = "run-file.json"
+"""A script run's run file as sent to the host (what ``ups launch --run-file`` reads): the
+run's input, not a record of it. How the run ended is ``outcome.json`` alone; the managed
+run's record (``runs/<id>/run.json`` on the laptop) keeps a copy of it, a view."""
 """Per-run deploy state under the remote workdir: config, run script, pid, exit code."""
 
 
@@ -65,6 +69,12 @@ class RemoteRun:
     @property
     def exit_file(self) -> str:
         return self.state("exit")
+
+    @property
+    def fetched_mark(self) -> str:
+        """Written by ``fab fetch`` once the run came home: ``ups dev-host down`` asks
+        before deleting a run without it, or one that changed after it."""
+        return self.state("fetched")
 
     @property
     def done_files(self) -> list[str]:
@@ -204,6 +214,12 @@ def tar_run_command(run: RemoteRun, exclude: Sequence[str] = ()) -> str:
     parent, name = posixpath.split(run.run_dir)
     skip = [f"--exclude={posixpath.join(name, path)}" for path in exclude]
     return argv("tar", "-C", parent, *skip, "-cf", "-", name)
+
+
+def tar_paths_command(base: str, paths: Sequence[str]) -> str:
+    """Stream ``paths`` (relative to ``base``) as a tar on stdout; one that is gone is left
+    out rather than failing the rest (for ``fetch``: a script's outputs)."""
+    return argv("tar", "-C", base, "--ignore-failed-read", "-cf", "-", "--", *paths)
 
 
 def write_word_command(path: str, word: str) -> str:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ups.preflight.figures import FLOOR_WORDS
-from ups.preflight.known_good import matmul_tflops
+from ups.preflight.figures import FLOOR_WORDS, workload
+from ups.preflight.known_good import known_good
 from ups.preflight.options import Context
 from ups.preflight.result import CheckResult, Status
 
@@ -172,7 +172,7 @@ def matmul(ctx: Context) -> CheckResult:
 
     flops = _timed(MATMUL_S[gpu], once, _sync(device))
     name = _device_name(device)
-    known, label = matmul_tflops(name, precision) if gpu else (None, "this CPU")
+    known, label = known_good(name, f"matmul_{precision}")
     scale, unit = (1e12, "TFLOP/s") if gpu else (1e9, "GFLOP/s")
     return judge(ctx, "matmul", f"{precision} matmul", flops / scale, unit, known, label, {"n": n})
 
@@ -194,7 +194,8 @@ def h2d(ctx: Context) -> CheckResult:
         return float(host.numel())
 
     rate = _timed(0.3, once, _sync(device)) / 1e9
-    return judge(ctx, "h2d", "host-to-device copy", rate, "GB/s", None, _device_name(device) or "")
+    known, label = known_good(_device_name(device), "h2d")
+    return judge(ctx, "h2d", "host-to-device copy", rate, "GB/s", known, label)
 
 
 def _sync(device: torch.device) -> Callable[[], None]:
@@ -353,6 +354,6 @@ def step(ctx: Context) -> CheckResult:
     if skipped is not None:
         return skipped
     value = _workload(ctx)["step"]
-    device = _device()
-    label = _device_name(device) or "this CPU"
-    return judge(ctx, "step", "training steps", value, "samples/s", None, label)
+    assert ctx.cfg is not None  # _unusable said so
+    known, label = known_good(_device_name(_device()), "step", workload(ctx.cfg))
+    return judge(ctx, "step", "training steps", value, "samples/s", known, label)
