@@ -102,36 +102,18 @@ class SshServer:
         return path
 
 
-def start_sshd(
-    root: Path,
-    host_key: Path | None = None,
-    port: int | None = None,
-    *,
-    address: str = "127.0.0.1",
-    netns: str | None = None,
-) -> SshServer:
-    """Start sshd on ``address:port`` (inside network namespace ``netns`` when given)."""
-    root.mkdir(parents=True, exist_ok=True)
-    if not Path(SSHD).exists():
-        pytest.skip("sshd missing: run scripts/sshd-setup.sh")
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-    client_key = root / "client_ed25519"
-    if not client_key.exists():
-        _keygen(client_key)
-    if host_key is None:
-        host_key = root / "host_ed25519"
-        _keygen(host_key)
-    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
-    port = port or free_port()
-    config = root / "sshd_config"
-    config.write_text(
+def write_sshd_config(
+    path: Path, *, port: int, address: str, host_key: Path, authorized_keys: Path
+) -> Path:
+    """An sshd_config for a test sshd: key logins only, as root, on ``address:port``."""
+    path.write_text(
         "\n".join(
             [
                 f"Port {port}",
                 f"ListenAddress {address}",
                 f"HostKey {host_key}",
-                f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {authorized_keys}",
+                f"PidFile {path.parent / 'sshd.pid'}",
                 "PermitRootLogin prohibit-password",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
@@ -145,9 +127,57 @@ def start_sshd(
             ]
         )
     )
-    log = (root / "sshd.log").open("wb")
+    return path
+
+
+def spawn_sshd(
+    config: Path,
+    log: Path,
+    wrap: Callable[[list[str]], list[str]] = list,
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
+    """Start ``sshd -D -f CONFIG``, its output appended to ``log``: every sshd of the tests
+    starts here (``wrap`` puts a namespace or a shell around the command). It waits for
+    scripts/test.sh's sshd install and makes the privilege separation directory sshd
+    refuses to start without, so no test depends on another having made it."""
+    from tests.background import await_background
+
+    await_background("sshd")
+    if not Path(SSHD).exists():
+        pytest.skip("sshd missing: run scripts/sshd-setup.sh")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    out = log.open("ab")
+    try:
+        argv = wrap([SSHD, "-D", "-e", "-f", str(config)])
+        return subprocess.Popen(argv, stdout=out, stderr=out, **popen)
+    finally:
+        out.close()
+
+
+def start_sshd(
+    root: Path,
+    host_key: Path | None = None,
+    port: int | None = None,
+    *,
+    address: str = "127.0.0.1",
+    netns: str | None = None,
+) -> SshServer:
+    """Start sshd on ``address:port`` (inside network namespace ``netns`` when given)."""
+    root.mkdir(parents=True, exist_ok=True)
+    client_key = root / "client_ed25519"
+    if not client_key.exists():
+        _keygen(client_key)
+    if host_key is None:
+        host_key = root / "host_ed25519"
+        _keygen(host_key)
+    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
+    port = port or free_port()
+    config = write_sshd_config(
+        root / "sshd_config", port=port, address=address, host_key=host_key,
+        authorized_keys=root / "authorized_keys",
+    )  # fmt: skip
     prefix = ["ip", "netns", "exec", netns] if netns else []
-    proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+    proc = spawn_sshd(config, root / "sshd.log", wrap=lambda argv: [*prefix, *argv])
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:

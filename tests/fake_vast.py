@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
+from tests.deploy_fixtures import VENV_BIN, _keygen, free_port, spawn_sshd, write_sshd_config
 from tests.fake_vast_api import OFFER_FIELDS, default_offers, handler, matches
 
 SLOW_AFTER_S = 1.5
@@ -353,14 +353,10 @@ class FakeVast:
             _keygen(ssh / "host_ed25519")
         (ssh / "authorized_keys").touch()
         inst.port = free_port()
-        config = ssh / "sshd_config"
-        config.write_text(
-            f"Port {inst.port}\nListenAddress 127.0.0.1\nHostKey {ssh / 'host_ed25519'}\n"
-            f"AuthorizedKeysFile {ssh / 'authorized_keys'}\nPidFile {ssh / 'sshd.pid'}\n"
-            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nMaxStartups 100\n"
-            "MaxSessions 100\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
-        )
+        config = write_sshd_config(
+            ssh / "sshd_config", port=inst.port, address="127.0.0.1",
+            host_key=ssh / "host_ed25519", authorized_keys=ssh / "authorized_keys",
+        )  # fmt: skip
         env = {
             **inst.env, "CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.container_key,
             "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(disk / "home"),
@@ -378,12 +374,11 @@ class FakeVast:
             shm + f"if [ -f {rc} ]; then mount --bind /dev/null {rc} || exit 1; fi; "
             'mount --bind "$DISK" "$WORKDIR" || exit 1; '
             '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); '
-            f"exec {SSHD} -D -e -f {config}"
         )
-        log = (inst.root / "sshd.log").open("ab")
-        inst.proc = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", init],
-            env=env, stdout=log, stderr=log, start_new_session=True,
+        inst.proc = spawn_sshd(
+            config, inst.root / "sshd.log", env=env, start_new_session=True,
+            wrap=lambda argv: ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                               "sh", "-c", init + "exec " + shlex.join(argv)],
         )  # fmt: skip
         _wait_port(inst.port, inst.proc)
         share = self.host_faults.slow.get(int(inst.offer["machine_id"]))
