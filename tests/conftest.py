@@ -79,6 +79,16 @@ def _fresh_logging() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _background_installs(request: pytest.FixtureRequest) -> None:
+    """Wait for the background installs this test needs (scripts/test.sh,
+    tests/background.py): its ``background`` marker's jobs and those ``ssh``/``docker`` imply."""
+    from tests.background import await_background, needs
+
+    for name in needs(request.node):
+        await_background(name)
+
+
+@pytest.fixture(autouse=True)
 def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test has its own ups state (host ledger, command log), never the user's."""
     monkeypatch.setenv("UPS_STATE_DIR", str(tmp_path / "ups-state"))

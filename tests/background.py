@@ -1,0 +1,130 @@
+"""The installs scripts/test.sh runs in the background, awaited by name.
+
+``scripts/test.sh`` starts each install as a named job (``background NAME CMD...``) and
+exports ``UPS_BACKGROUND_DIR``, where a job leaves ``NAME.started`` (when it was started),
+``NAME.log``, and at its end ``NAME.s`` (its own seconds), ``NAME.ended`` and ``NAME.rc``
+(exit status). A test
+declares the jobs it needs with ``@pytest.mark.background("NAME")`` (the markers ``ssh``
+and ``docker`` imply theirs: :data:`IMPLIED`); conftest's autouse fixture waits for them
+before the test starts, and :mod:`tests.scheduling` starts such tests once their jobs
+should have ended. A fixture that starts a resource waits too (:func:`await_background`),
+since a module-scoped fixture is set up before any function-scoped one.
+
+Run without scripts/test.sh (``pytest tests/...``) no job exists: waiting returns at once
+and the fixtures install what they need themselves, as they always did.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+IMPLIED = {"ssh": ("sshd",), "docker": ("docker", "ups-image")}
+"""Jobs a marker implies: sshd is installed by the job ``sshd`` (scripts/sshd-setup.sh), the
+engine by ``docker`` (scripts/docker-engine.sh), the project image by ``ups-image``."""
+
+WAIT_S = 3600.0
+"""How long a test waits for a job before it fails: longer than any install takes."""
+
+
+def job_dir() -> Path | None:
+    """scripts/test.sh's directory of background jobs, or None when run without it."""
+    root = os.environ.get("UPS_BACKGROUND_DIR")
+    return Path(root) if root else None
+
+
+def needs(item: pytest.Item) -> list[str]:
+    """The background jobs ``item`` needs, from its markers, in a stable order."""
+    names: list[str] = []
+    for mark in item.iter_markers():
+        found = mark.args if mark.name == "background" else IMPLIED.get(mark.name, ())
+        names += [str(n) for n in found if n not in names]
+    return sorted(set(names))
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def await_background(name: str, timeout: float = WAIT_S) -> bool:
+    """Wait for the background job ``name`` to end. True when it ran in this test run and
+    succeeded; False when scripts/test.sh started no such job (the caller installs what it
+    needs itself). Fails the test, with the job's log tail, when the job failed, died or
+    did not end within ``timeout``."""
+    root = job_dir()
+    if root is None or not (root / f"{name}.started").exists():
+        return False
+    rc_file, log = root / f"{name}.rc", root / f"{name}.log"
+    deadline = time.monotonic() + timeout
+    while not rc_file.exists():
+        if not _alive(root / f"{name}.pid") and not rc_file.exists():
+            _failed(name, "died without an exit status", log)
+        if time.monotonic() > deadline:
+            _failed(name, f"did not end within {timeout:.0f} s", log)
+        time.sleep(0.5)  # polling the job's status file, bounded by the deadline
+    rc = rc_file.read_text().strip()
+    if rc != "0":
+        _failed(name, f"failed with exit {rc}", log)
+    return True
+
+
+def _failed(name: str, what: str, log: Path) -> None:
+    pytest.fail(
+        f"the background job {name} (scripts/test.sh) {what}, so this test cannot run; fix "
+        f"what its log says, then run the tests again. {log}:\n{_tail(log)}",
+        pytrace=False,
+    )
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def took_s() -> dict[str, float]:
+    """Seconds from asking for each job that succeeded to its end (waiting for the job it
+    runs after included): what tests/durations.json keeps for the next run's order."""
+    root = job_dir()
+    if root is None:
+        return {}
+    took = {}
+    for ended in root.glob("*.ended"):
+        name = ended.name.removesuffix(".ended")
+        try:
+            if (root / f"{name}.rc").read_text().strip() == "0":
+                took[name] = float(ended.read_text()) - float(
+                    (root / f"{name}.started").read_text()
+                )
+        except (OSError, ValueError):
+            continue
+    return took
+
+
+def expected_ready_s(name: str, last_seconds: dict[str, float]) -> float:
+    """Seconds after pytest started that job ``name`` should end: when it was asked for plus
+    what that took last time (``last_seconds``, from tests/durations.json), less when
+    pytest started. The same in every xdist worker (only files written before pytest started are
+    read), so every worker orders the tests alike. 0 when no such job runs."""
+    root = job_dir()
+    if root is None:
+        return 0.0
+    try:
+        started = float((root / f"{name}.started").read_text())
+        pytest_started = float((root / "pytest.started").read_text())
+    except (OSError, ValueError):
+        return 0.0
+    took = last_seconds.get(name, UNKNOWN_JOB_S)
+    return max(0.0, started + took - pytest_started)
+
+
+UNKNOWN_JOB_S = 180.0
+"""Seconds assumed for a job tests/durations.json has no record of."""
