@@ -15,9 +15,10 @@
 #       NAME.s (NAME.started and NAME.ended: when it was asked for and when it ended).
 #   @pytest.mark.background("NAME")  (tests/background.py) on a test: the test waits for
 #       NAME before it starts and fails, with the log's tail, when NAME failed. The markers
-#       `ssh` and `docker` imply the jobs `sshd` and `docker` + `ups-image`; the functions
-#       that start those resources (start_sshd, the image and Slurm fixtures) also wait
-#       by name, so a module-scoped fixture never starts before its install ended.
+#       `ssh` and `docker` imply the jobs `sshd` and `docker`, the fixture `ups_image` the
+#       job `ups-image`; the functions that start those resources (spawn_sshd, the engines,
+#       the image and Slurm fixtures) also wait by name, so a module-scoped fixture never
+#       starts before its install ended.
 #
 # Adding a tier is one `background` line below and the marker on its tests. The scheduler
 # (tests/scheduling.py) starts the tests that need nothing first and the others once

@@ -1,11 +1,11 @@
 """The installs scripts/test.sh runs in the background, awaited by name.
 
 ``scripts/test.sh`` starts each install as a named job (``background NAME CMD...``) and
-exports ``UPS_BACKGROUND_DIR``, where a job leaves ``NAME.started`` (when it was started),
-``NAME.log``, and at its end ``NAME.s`` (its own seconds), ``NAME.ended`` and ``NAME.rc``
-(exit status). A test
-declares the jobs it needs with ``@pytest.mark.background("NAME")`` (the markers ``ssh``
-and ``docker`` imply theirs: :data:`IMPLIED`); conftest's autouse fixture waits for them
+exports ``UPS_BACKGROUND_DIR``, where a job leaves ``NAME.started`` (when it was asked
+for), ``NAME.log``, and at its end ``NAME.s`` (its own seconds), ``NAME.ended`` and
+``NAME.rc`` (its exit status). A test declares the jobs it needs with
+``@pytest.mark.background("NAME")`` (the markers ``ssh`` and ``docker`` and the fixture
+``ups_image`` imply theirs: :data:`IMPLIED`); conftest's autouse fixture waits for them
 before the test starts, and :mod:`tests.scheduling` starts such tests once their jobs
 should have ended. A fixture that starts a resource waits too (:func:`await_background`),
 since a module-scoped fixture is set up before any function-scoped one.
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-IMPLIED = {"ssh": ("sshd",), "docker": ("docker", "ups-image")}
-"""Jobs a marker implies: sshd is installed by the job ``sshd`` (scripts/sshd-setup.sh), the
-engine by ``docker`` (scripts/docker-engine.sh), the project image by ``ups-image``."""
+IMPLIED = {"ssh": ("sshd",), "docker": ("docker",), "ups_image": ("ups-image",)}
+"""Jobs a marker or a fixture implies: sshd is installed by the job ``sshd``
+(scripts/sshd-setup.sh), the engine by ``docker`` (scripts/docker-engine.sh), and the
+fixture ``ups_image`` (the project image) is built by ``ups-image``."""
 
 WAIT_S = 3600.0
 """How long a test waits for a job before it fails: longer than any install takes."""
@@ -37,12 +38,13 @@ def job_dir() -> Path | None:
 
 
 def needs(item: pytest.Item) -> list[str]:
-    """The background jobs ``item`` needs, from its markers, in a stable order."""
-    names: list[str] = []
+    """The background jobs ``item`` needs, from its markers and fixtures, sorted."""
+    names: set[str] = set()
     for mark in item.iter_markers():
-        found = mark.args if mark.name == "background" else IMPLIED.get(mark.name, ())
-        names += [str(n) for n in found if n not in names]
-    return sorted(set(names))
+        names.update(mark.args if mark.name == "background" else IMPLIED.get(mark.name, ()))
+    for fixture in getattr(item, "fixturenames", ()):
+        names.update(IMPLIED.get(fixture, ()))
+    return sorted(names)
 
 
 def _alive(pid_file: Path) -> bool:

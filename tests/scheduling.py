@@ -67,6 +67,12 @@ def unit_of(item: pytest.Item) -> str:
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
+def plain(nodeid: str) -> str:
+    """A test's id without the ``@group`` xdist's loadgroup appends to a grouped test's (a
+    test id has no other ``@``: xdist would read it as a group too)."""
+    return nodeid.rsplit("@", 1)[0]
+
+
 def schedule(
     items: list[Any],
     seconds: dict[str, float],
@@ -82,7 +88,7 @@ def schedule(
     ready: dict[str, float] = {}
     for item in items:
         unit = unit_of(item)
-        totals[unit] = totals.get(unit, 0.0) + seconds.get(item.nodeid, UNKNOWN_S)
+        totals[unit] = totals.get(unit, 0.0) + seconds.get(plain(item.nodeid), UNKNOWN_S)
         ready[unit] = max(ready.get(unit, 0.0), ready_s(item))
     pending = sorted(totals, key=lambda u: -totals[u])
     free = [0.0] * max(1, workers)  # when each worker is free next
@@ -164,11 +170,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    nodeid = plain(report.nodeid)
     if report.when in ("setup", "call", "teardown"):
-        _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+        _measured[nodeid] = _measured.get(nodeid, 0.0) + report.duration
     for key, value in report.user_properties:
         if key == "cpu_s":
-            _cpu[report.nodeid] = float(value)
+            _cpu[nodeid] = float(value)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

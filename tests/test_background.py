@@ -76,14 +76,17 @@ class _Mark:
 @dataclass
 class _Item:
     marks: list[_Mark] = field(default_factory=list)
+    fixturenames: list[str] = field(default_factory=list)
 
     def iter_markers(self) -> list[_Mark]:
         return self.marks
 
 
 def test_needs_come_from_the_background_marker_and_ssh_docker() -> None:
-    """A test's jobs: its ``background`` marker's, plus sshd for ``ssh`` and the engine and
-    image for ``docker``; none for a test with neither."""
+    """A test's jobs: its ``background`` marker's, plus sshd for ``ssh``, the engine for
+    ``docker`` and the image for the ``ups_image`` fixture; none for a test with neither."""
     item = _Item([_Mark("slow"), _Mark("ssh"), _Mark("docker"), _Mark("background", ("cxx",))])
-    assert needs(item) == ["cxx", "docker", "sshd", "ups-image"]  # type: ignore[arg-type]
+    assert needs(item) == ["cxx", "docker", "sshd"]  # type: ignore[arg-type]
+    image = _Item([_Mark("docker")], ["tmp_path", "ups_image"])
+    assert needs(image) == ["docker", "ups-image"]  # type: ignore[arg-type]
     assert needs(_Item([_Mark("slow")])) == []  # type: ignore[arg-type]
