@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import made_once_per_run
+
 REPO = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 VENV_BIN = Path(sys.executable).parent
@@ -237,28 +239,6 @@ def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
         )
 
     return made_once_per_run(factory, "demo-data", synth) / "demo"
-
-
-def made_once_per_run(
-    factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
-) -> Path:
-    """``<run's temp dir>/NAME``, made by ``make(path)`` once per test run. The xdist workers
-    share the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to
-    take the lock makes it, the others wait and reuse it; a directory left half-made by a
-    killed worker is made again."""
-    from filelock import FileLock
-
-    base = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
-    root = base / name
-    with FileLock(str(base / f"{name}.lock"), timeout=900):
-        if not (root / ".complete").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir()
-            make(root)
-            (root / ".complete").touch()
-    return root
 
 
 def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:
