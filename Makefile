@@ -40,7 +40,7 @@ test-durations:
 # The quick tier: unit and pure-logic tests only (no torchrun, sshd, Docker or any other
 # process; tests/conftest.py fails a test that starts one without the `slow` marker).
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow" -p no:cacheprovider --durations=15
+	$(BIN)/pytest -q -m "not slow" -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
