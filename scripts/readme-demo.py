@@ -7,7 +7,9 @@ a real `ups demo` run, as a person sees it: in tmux, 118 columns wide, captured 
     .venv/bin/python scripts/readme-demo.py --check    # run it, exit 1 if README differs
 
 Rewrites what lies between the `readme-demo:capture` and `readme-demo:prose` markers.
-tests/test_devhost.py checks the README's numbers against a run of the demo config.
+tests/test_devhost.py checks the README's numbers against a run of the demo config: equal
+within SPREAD, since another x86-64 CPU computes them with other vector kernels (the
+README's "Numbers that vary by CPU"); `--check` does the same.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 WIDTH = 118
+SPREAD = 0.02
+"""How far (relative) one x86-64 CPU's held-out numbers may lie from another's: torch's
+and MKL's kernels for AVX2, AVX-512 and AMX sum in different orders. Measured spread of
+the Darcy error 1.1 %, advection 0.1 % (README); the baselines depend on the data only."""
+TASKS = ("advection", "darcy")
 
 
 def _free_port() -> int:
@@ -82,6 +89,35 @@ def prose(metrics: dict[str, float]) -> str:
     )
 
 
+def readme_numbers(text: str) -> dict[str, str]:
+    """The held-out numbers the README's capture shows, as printed (4 decimals)."""
+    capture = text.split("<!-- readme-demo:capture -->", 1)[1].split("```")[1]
+    found = {}
+    for task in TASKS:
+        row = re.search(rf"│ {task}\s*│\s*([0-9.]+) │\s*([0-9.]+) │", capture)
+        if row is None:
+            raise ValueError(f"README capture has no {task} row")
+        found[f"eval/{task}/rel_l2"], found[f"eval/{task}/baseline_rel_l2"] = row.groups()
+    return found
+
+
+def differences(text: str, metrics: dict[str, float]) -> list[str]:
+    """Where the README's numbers are not this run's, beyond :data:`SPREAD` (the
+    baselines exactly), and where its prose does not quote its capture."""
+    shown = readme_numbers(text)
+    wrong = []
+    for key, printed in shown.items():
+        got, value = metrics[key], float(printed)
+        allowed = 0.00005 + (0.0 if "baseline" in key else SPREAD * got)
+        if abs(value - got) > allowed:
+            wrong.append(f"{key}: README {printed}, this machine {got:.4f}")
+    quoted = re.findall(r"\(([0-9.]+) vs ([0-9.]+)\)", text.split("<!-- readme-demo:prose -->")[1])
+    expected = [(shown[f"eval/{t}/rel_l2"], shown[f"eval/{t}/baseline_rel_l2"]) for t in TASKS]
+    if quoted[: len(TASKS)] != expected:
+        wrong.append(f"README prose quotes {quoted[:2]}, its capture shows {expected}")
+    return wrong
+
+
 def rewrite(text: str, capture: str, sentence: str) -> str:
     text = re.sub(
         r"(<!-- readme-demo:capture -->\n```\n).*?(\n```)",
@@ -109,9 +145,9 @@ def main() -> int:
     old = README.read_text()
     new = rewrite(old, capture, prose(metrics))
     if args.check:
-        same_numbers = prose(metrics) in old
-        print("README numbers match the run" if same_numbers else prose(metrics))
-        return 0 if same_numbers else 1
+        wrong = differences(old, metrics)
+        print("\n".join(wrong) or f"README numbers match the run within {SPREAD:.0%}")
+        return 1 if wrong else 0
     README.write_text(new)
     print(f"README.md rewritten from {run_dir}: {prose(metrics)}")
     return 0

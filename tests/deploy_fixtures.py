@@ -270,8 +270,11 @@ def link_data(workdir: Path, data: Path) -> None:
     (workdir / "data" / "demo").symlink_to(data)
 
 
-def fab(*args: str, timeout: float = 240, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """Run the real ``fab`` binary from the venv in the repo root."""
+def fab(
+    *args: str, timeout: float = 240, cwd: Path = REPO, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """Run the real ``fab`` binary from the venv, in the repo root or ``cwd`` (a folder with a
+    fabfile.py: ``ups init`` writes one)."""
     return subprocess.run(
-        [str(FAB), *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs
+        [str(FAB), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, **kwargs
     )

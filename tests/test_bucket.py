@@ -25,6 +25,7 @@ from ups.bucket import (
     parse_url,
 )
 from ups.bucket.checkpoints import local_checkpoints, prune, upload_checkpoint
+from ups.bucket.uploader import final_pass, restore_logs
 
 __all__ = ["s3_server"]  # fixture used by name below
 
@@ -65,7 +66,8 @@ def test_url_names_bucket_and_prefix() -> None:
 @pytest.mark.slow
 def test_store_round_trip(s3_server: S3Server, tmp_path: Path) -> None:
     """Bytes and files go in and come back; keys are listed relative to the prefix; an
-    absent key reads as None; a deleted key is gone."""
+    absent key reads as None; a deleted key is gone; a new host's ranks' logs continue
+    the bucket's."""
     bucket = Bucket.open(s3_server.url("p/q"), endpoint_url=s3_server.endpoint_url)
     bucket.put_bytes("r1/outcome.json", b'{"outcome": "finished"}')
     assert bucket.get_bytes("r1/outcome.json") == b'{"outcome": "finished"}'
@@ -83,6 +85,37 @@ def test_store_round_trip(s3_server: S3Server, tmp_path: Path) -> None:
     assert digest == hashlib.sha256(src.read_bytes()).hexdigest()
     bucket.delete("r1/outcome.json")
     assert bucket.list("") == ["r1/logs/big.bin"]
+
+    # A run continued on a new host (an empty run directory) takes the ranks' logs so far
+    # from the bucket before any rank writes: each continues where the last host's ended,
+    # and the next upload keeps it whole. launch.log is the supervisor's to restore; a log
+    # the run directory already has is left alone.
+    bucket.put_bytes("r1/logs/rank0.jsonl", b'{"step": 1}\n')
+    bucket.put_bytes("r1/logs/rank1.jsonl", b'{"step": 1, "rank": 1}\n')
+    bucket.put_bytes("r1/logs/launch.log", b"old\n")
+    new_host = tmp_path / "new" / "r1"
+    (new_host / "logs").mkdir(parents=True)
+    (new_host / "logs" / "rank1.jsonl").write_text("mine\n")
+    assert restore_logs(bucket, "r1", new_host) == ["rank0.jsonl"]
+    with (new_host / "logs" / "rank0.jsonl").open("a") as log:
+        log.write('{"step": 2}\n')
+    bucket.upload_file(new_host / "logs" / "rank0.jsonl", "r1/logs/rank0.jsonl")
+    assert bucket.get_bytes("r1/logs/rank0.jsonl") == b'{"step": 1}\n{"step": 2}\n'
+    assert not (new_host / "logs" / "launch.log").exists()
+    assert (new_host / "logs" / "rank1.jsonl").read_text() == "mine\n"
+
+    # A script's outputs outside its run directory (script-outputs.json, as ups launch
+    # records them) go up with the run's last pass, under outputs/ as fab fetch lays them.
+    work = tmp_path / "work"
+    (work / "lightning_logs" / "version_0").mkdir(parents=True)
+    (work / "lightning_logs" / "version_0" / "metrics.csv").write_text("step,loss\n")
+    (work / "snapshot.pt").write_bytes(b"w")
+    record = {"workdir": str(work), "paths": ["lightning_logs", "snapshot.pt"], "missing": []}
+    (new_host / "script-outputs.json").write_text(json.dumps(record))
+    final_pass(bucket, "r1", new_host, 1, timeout=60, script_dir=tmp_path / "none")
+    assert {"r1/outputs/lightning_logs/version_0/metrics.csv", "r1/outputs/snapshot.pt"} <= set(
+        bucket.list("r1/outputs/")
+    )
 
 
 @pytest.mark.slow

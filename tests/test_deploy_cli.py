@@ -56,14 +56,8 @@ def test_ups_deploy_refuses_an_unsupported_option_with_exit_2(
 
 @pytest.mark.slow
 def test_fab_and_ups_answer_alike(tmp_path: Path) -> None:
-    """`fab --list` shows each description uncut; `fab status` and `ups status` on a host that
-    refuses the connection exit 3 with the same message."""
-    listing = subprocess.run(
-        [FAB, "--list"], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
-    ).stdout
-    flat = " ".join(listing.split())
-    for name, line in SUMMARY.items():
-        assert f"{name} {line}" in flat
+    """`fab status` and `ups status` on a host that refuses the connection exit 3 with the
+    same message."""
     hosts = _hosts(tmp_path)
     args = ["status", "--host", "dock", "--hosts-file", str(hosts)]
     fab = subprocess.run([FAB, *args], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -75,3 +69,36 @@ def test_fab_and_ups_answer_alike(tmp_path: Path) -> None:
     assert error and error == [
         line for line in ups.stderr.splitlines() if line.startswith("error:")
     ]
+
+
+@pytest.mark.slow
+def test_fab_in_your_own_folder_after_ups_init(tmp_path: Path) -> None:
+    """Outside the checkout, `ups init` writes the fabfile `fab` finds: `fab --list` shows
+    each description uncut; `fab deploy ... -- ARGS` gives the words to the script as typed
+    (the plan shows them), as `ups deploy ... -- ARGS` does; after another task they are
+    refused in one paragraph with exit 2, no traceback."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    ups = [sys.executable, "-m", "ups"]
+    subprocess.run([*ups, "init"], cwd=project, capture_output=True, timeout=120, check=True)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=120)
+
+    listing = run(FAB, "--list")
+    assert listing.returncode == 0, listing.stderr
+    flat = " ".join(listing.stdout.split())
+    for name, line in SUMMARY.items():
+        assert f"{name} {line}" in flat
+    entry = {"kind": "container", "host": "127.0.0.1", "port": free_port(), "workdir": "/w"}
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"known_hosts": str(tmp_path / "kh"), "hosts": {"box": entry}}))
+    deploy = ["deploy", "--host", "box", "--hosts-file", str(hosts), "--script", "train.py"]
+    for front in ([FAB], ups):
+        plan = run(*front, *deploy, "--dry-run", "--", "4", "two words")
+        assert plan.returncode == 0, plan.stdout + plan.stderr
+        assert "script:   --script (train.py 4 'two words')" in plan.stdout
+    refused = run(FAB, "status", "--host", "box", "--hosts-file", str(hosts), "--", "4", "2")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "--script-args" in refused.stderr

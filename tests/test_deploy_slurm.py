@@ -134,6 +134,7 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
         stopped = fab("stop", "--host", "cluster", "--hosts-file", str(hosts), timeout=200)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "preempted (exit 75)" in stopped.stdout
+        assert "Logging error" not in stopped.stderr, stopped.stderr
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
@@ -143,6 +144,10 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     assert f"submitted run pair as slurm job {job_id}" in out
     assert "preflight_passed_before_launch" in out
     assert f"slurm job {job_id}: requeued 2 time(s), started 3" in out
+    assert "pending (None)" not in out and "Logging error" not in err
+    # Slurm brings a requeued job back by itself: no "run the same command again" then.
+    hints = [e.get("resume", "") for e in _events(log) if e.get("event") == "run_ended"]
+    assert hints and all(h.startswith("a requeued Slurm job") for h in hints), hints
     preempted = json.loads((workdir / "runs" / "pair" / "outcome.json").read_text())
     assert preempted["outcome"] == "preempted" and preempted["world_size"] == 2
     # No requeue lost a step: each resumed from the checkpoint written where it was held.
@@ -156,6 +161,8 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
     held = preempted["step"]
     assert f"continuing run pair on cluster (it preempted at step {held})" in again.stdout
+    new_job = (workdir / ".ups" / "deploy" / "pair" / "jobid").read_text().strip()
+    assert new_job != job_id and f"slurm job {new_job}: requeued" not in again.stdout
     outcome = json.loads((workdir / "runs" / "pair" / "outcome.json").read_text())
     assert outcome["outcome"] == "finished" and outcome["resumed_from"]["step"] == held
     reference = json.loads((workdir / "runs" / "ref" / "outcome.json").read_text())

@@ -33,7 +33,9 @@ def test_dry_run_prints_the_plan_as_json(
     """`ups launch --script S --dry-run -- args` prints a JSON plan (ids, torchrun argv, env,
     ports) and exits 0 without creating the run directory."""
     out = tmp_path / "runs"
-    argv = ["--script", "my_train.py", "--output-dir", str(out), "--run-id", "r1"]
+    script = tmp_path / "my_train.py"
+    script.write_text("")
+    argv = ["--script", str(script), "--output-dir", str(out), "--run-id", "r1"]
     argv += ["--master-port", str(pick_free_port(0)), "--dry-run", "--", "--lr", "0.1"]
     assert launch_main(argv) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -46,7 +48,7 @@ def test_dry_run_prints_the_plan_as_json(
     assert f"--rdzv-endpoint=127.0.0.1:{plan['master_port']}" in argv_
     assert f"--log-dir={out / 'r1' / 'torchelastic' / 'node0'}" in argv_
     assert "--rdzv-conf=timeout=300" in argv_
-    assert argv_[-3:] == ["my_train.py", "--lr", "0.1"]
+    assert argv_[-3:] == [str(script), "--lr", "0.1"]
     assert plan["env"]["UPS_RUN_ID"] == "r1"
     assert plan["env"]["UPS_RUN_DIR"] == str(out / "r1")
     assert plan["env"]["PYTHONFAULTHANDLER"] == "1"

@@ -17,8 +17,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, parse_events, worker_env
-from tests.launch_helpers import launch_cmd, outcome_of, run_launch, wait_for_event, write_script
+from tests.launch_helpers import (
+    events_named,
+    launch_cmd,
+    outcome_of,
+    run_launch,
+    wait_for_event,
+    write_script,
+)
 from tests.test_newcomer_readme import readme_script
+from ups.launch import finalize
 from ups.launch.ranklogs import printed_exception
 
 PLAIN_RAISE_ON_RANK1 = """
@@ -195,3 +203,104 @@ def test_ctrl_c_is_named_sigint_with_one_step_number(
         stops = [e for e in parse_events((run_dir / "logs" / f"rank{rank}.jsonl").read_text())
                  if e["event"] == "preempt_stop"]  # fmt: skip
         assert [e["signal"] for e in stops] == ["SIGINT"], rank
+
+
+STOPPABLE = """
+import os, signal, sys, time
+from ups import ckpt
+
+mode, rank = sys.argv[1], os.environ["RANK"]
+if mode == "finish":  # no process group, ever: two copies training alone
+    print(f"rank {rank} resumes from {ckpt.resume_path()}", flush=True)
+    sys.exit(0)
+def leave(signum, frame):
+    print(f"rank {rank}: stopping without saving", file=sys.stderr, flush=True)
+    os._exit(3)
+ckpt.should_stop()  # the contract's handler ("save")
+if mode == "exit":  # a handler of its own that leaves without saving
+    signal.signal(signal.SIGTERM, leave)
+print(f"rank {rank} ready", flush=True)
+while not ckpt.should_stop():
+    time.sleep(0.05)
+if ckpt.is_rank0():
+    tmp = ckpt.checkpoint_dir() / "snapshot.pt.tmp"
+    tmp.write_text("weights")
+    ckpt.commit(tmp)
+"""
+
+
+def _launch_until_ready_then_stop(script: Path, out: Path, mode: str) -> tuple[int, str]:
+    """`ups launch --script S -- MODE`, SIGTERM once both ranks are ready; (rc, stdout)."""
+    proc = subprocess.Popen(
+        launch_cmd("--script", str(script), "--output-dir", str(out), "--skip-preflight",
+                   "--", mode),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, text=True, env=worker_env(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if sum("ready" in s and s.startswith("rank ") for s in seen) == 2:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(seen) + rest
+
+
+@pytest.mark.slow
+def test_a_scripts_stop_is_told_from_its_ranks_exit_codes_and_the_run_continues(
+    tmp_path: Path,
+) -> None:
+    """One torch-free script, one run id, three launches. A SIGTERM handler that exits 3
+    without saving: failed (143), rank 0 and its code and last line named, never "exited
+    0". The same command with the contract's handler: the run continues (no checkpoint:
+    from the start, said so), saves and exits 0: preempted (75), naming the checkpoint.
+    Again: UPS_RESUME is that checkpoint; the two ranks never formed a process group, so the
+    finished run carries the warning."""
+    script = write_script(tmp_path, "stoppable.py", STOPPABLE)
+    out = tmp_path / "runs"
+    run_dir = out / "latest"
+
+    rc, said = _launch_until_ready_then_stop(script, out, "exit")
+    assert rc == 143, said[-3000:]
+    assert (
+        "SIGTERM sent to the script's ranks; they have 120 s (stop_grace_s) to save and exit"
+        in said
+    )
+    assert "stop at the next step and save" not in said
+    failed = outcome_of(run_dir)
+    assert (failed["outcome"], failed["cause"], failed["failed_rank"]) == ("failed", "stopped", 0)
+    assert failed["reason"].startswith(
+        "SIGTERM received by ups launch; rank 0 exited with code 3 after the stop; its last "
+        "line on stderr: 'rank 0: stopping without saving'"
+    ), failed["reason"]
+    run_id = failed["run_id"]
+
+    rc, said = _launch_until_ready_then_stop(script, out, "save")
+    assert rc == 75, said[-3000:]
+    resuming = events_named(said, "resuming_run")
+    assert [e["run_id"] for e in resuming] == [run_id]
+    assert resuming[0]["text"] == (
+        f"resuming run {run_id}: no committed checkpoint, so the script starts from its beginning"
+    )
+    assert resuming[0]["why"] == failed["reason"]
+    preempted = outcome_of(run_dir)
+    saved = str((out / run_id / "checkpoints" / "snapshot.pt").resolve())
+    assert preempted["outcome"] == "preempted" and preempted["run_id"] == run_id
+    assert preempted["reason"].endswith(
+        f"exited 0 after the stop; they committed checkpoint {saved}"
+    )
+
+    done = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight",
+                      "--", "finish")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert f"rank 0 resumes from {saved}" in done.stdout
+    finished = outcome_of(run_dir)
+    assert finished["run_id"] == run_id and finished["resumed_from"]["checkpoint"] == saved
+    assert finished["warnings"] == [finalize.never_met(2)]
+    assert [e["text"] for e in events_named(done.stdout, "run_warning")] == [finalize.never_met(2)]

@@ -1,7 +1,9 @@
-"""`fab deploy --run-file` of your own script on a real sshd (the `container` host kind).
+"""`fab deploy` of your own script on a real sshd (the `container` host kind), from the
+script's own folder outside the checkout, made a project by `ups init` (its fabfile.py).
 
 One test in phases, each a real deploy of examples/ddp/train.py (plain DDP, gloo, two
-ranks, a few seconds): to the end; with a rank raising; stopped mid-run by `fab stop` and
+ranks, a few seconds): `--run-file` with the script's arguments after `--`, to the end;
+`--script train.py -- ARGS` with a rank raising; stopped mid-run by `fab stop` and
 deployed again after its checkpoints on the host were lost, resuming from the checkpoint
 ups had uploaded to the run file's bucket (a real S3 gateway) to final weights equal to
 the uninterrupted run's.
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.deploy_fixtures import REPO, SshServer, fab, sshd
+from tests.deploy_fixtures import REPO, VENV_BIN, SshServer, fab, sshd
 from tests.s3_server import S3Server, s3_server
 
 __all__ = ["s3_server", "sshd"]  # fixtures used by name below
@@ -37,9 +40,13 @@ stop_grace_s: 30
 
 
 def _project(tmp_path: Path, s3: S3Server) -> Path:
+    """The script's folder, made a project as a user would: `ups init` (fabfile.py and a
+    starter ups-run.yaml, which the test's own run file then replaces)."""
     proj = tmp_path / "proj"
     proj.mkdir()
     shutil.copy(REPO / "examples" / "ddp" / "train.py", proj / "train.py")
+    subprocess.run([str(VENV_BIN / "ups"), "init"], cwd=proj, check=True, capture_output=True)
+    assert (proj / "fabfile.py").is_file()
     sync = f"checkpoint_sync: {{url: {s3.url()}, endpoint_url: {s3.endpoint_url}}}\n"
     (proj / "ups-run.yaml").write_text(RUN_FILE + sync)
     (proj / "requirements.txt").write_text("# nothing to install\n")
@@ -77,13 +84,16 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
     workdir = sshd.root / "remote"
     proj = _project(tmp_path, s3_server)
-    deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
-    deploy += ["--run-file", str(proj / "ups-run.yaml")]
+    to_host = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
+    deploy = [*to_host, "--run-file", "ups-run.yaml"]
 
-    done = fab(*deploy)
+    # `fab` in the project's folder; the arguments after `--` replace the run file's own
+    # (the same values: the reference weights below come from this run).
+    done = fab(*deploy, "--", "--steps", "14", "--save-every", "4", "--out", "final.pt", cwd=proj)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "finished (exit 0)" in done.stdout and "finished: weights in final.pt" in done.stdout
-    assert "4 file(s) sent" in done.stdout  # train.py, ups-run.yaml, requirements, .gitignore
+    # train.py, ups-run.yaml, requirements.txt, .gitignore, fabfile.py
+    assert "5 file(s) sent" in done.stdout
     (code,) = (workdir / "code").glob("train-*")
     assert not (code / "notes.log").exists() and not (code / "secrets.env").exists()
     assert (code / "setup-ran.txt").is_file()
@@ -94,18 +104,22 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     reference = _weights(code / "final.pt")
     (code / "final.pt").unlink()
 
-    failed = fab(*deploy, "--fresh", "--script-args=--steps 14 --fail-rank 1 --fail-at 3")
+    # The script alone (no run file: no setup, no secrets), its arguments after `--`.
+    failed = fab(*to_host, "--script", "train.py", "--fresh", "--",
+                 "--steps", "14", "--fail-rank", "1", "--fail-at", "3", cwd=proj)  # fmt: skip
     assert failed.returncode == 1, failed.stdout[-3000:]
-    assert "0 file(s) sent" in failed.stdout and "cached" in failed.stdout
+    assert "0 file(s) sent" in failed.stdout  # the same folder, already on the host
     assert "rank 1 exited with code 1: RuntimeError: boom on rank 1 at step 3" in failed.stdout
 
     held = ["--script-args=--steps 14 --save-every 4 --out final.pt --pause-at 6"]
-    started = fab(*deploy, "--fresh", *held, "--detach")
+    started = fab(*deploy, "--fresh", *held, "--detach", cwd=proj)
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-2000:]
     run_id = started.stdout.split("started run ", 1)[1].split()[0]
     run_dir = workdir / "runs" / run_id
     _wait_for(run_dir / "logs" / "launch.log", "step 5 loss")  # then held at 6
-    stopped = fab("stop", "--host", "test", "--hosts-file", str(hosts), "--timeout", "120")
+    stopped = fab(
+        "stop", "--host", "test", "--hosts-file", str(hosts), "--timeout", "120", cwd=proj
+    )
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert "preempted (exit 75)" in stopped.stdout
     preempted = json.loads((run_dir / "outcome.json").read_text())
@@ -114,7 +128,7 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     assert json.loads(latest.read_text())["name"] == "step_000006.pt"
     shutil.rmtree(run_dir / "checkpoints")  # the host's disk lost them; the bucket has them
 
-    again = fab(*deploy, *held)
+    again = fab(*deploy, *held, cwd=proj)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert f"continuing run {run_id}" in again.stdout
     assert "training steps 6..14" in again.stdout

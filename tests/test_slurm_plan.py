@@ -180,3 +180,32 @@ def test_sacct_lines_are_read_for_the_job_only() -> None:
     assert found == Accounting("COMPLETED", "00:01:02", "0:0", "n[1-2]")
     assert found.words() == "completed, elapsed 00:01:02, exit code 0:0, on n[1-2]"
     assert parse_sacct("", "42") is None and parse_sacct(text, "43") is None
+
+
+def test_a_pending_job_without_a_reason_yet_says_none_of_slurms_none() -> None:
+    """Just submitted, Slurm's reason is the word "None": the line leaves it out."""
+    from ups.deploy.onhost.slurm import JobState
+
+    fresh = JobState(job_id="1", state="PENDING", reason="None", position="1")
+    assert fresh.words() == "job 1 pending, position 1 in the queue"
+    limited = JobState(job_id="2", state="PENDING", reason="PartitionNodeLimit")
+    assert limited.words() == "job 2 pending (PartitionNodeLimit), position ? in the queue"
+
+
+def test_a_dev_host_names_the_local_slurm_cluster(tmp_path: Path) -> None:
+    """`ups dev-host up --slurm-conf F` writes a `cluster` entry beside `local`: kind slurm,
+    two nodes, reached through the dev host's sshd, SLURM_CONF set for its login shell; the
+    hosts file loads as a valid `kind: slurm` entry."""
+    from ups import devhost
+
+    host = devhost.DevHost(tmp_path, 2222, 1, tmp_path / "hosts.yaml")
+    devhost.write_hosts(host, tmp_path / "slurm.conf")
+    specs = load_hosts(host.hosts_file).hosts
+    cluster = specs["cluster"]
+    assert (
+        cluster.kind == "slurm"
+        and cluster.port == 2222
+        and cluster.workdir == str(tmp_path / "remote")
+    )
+    assert cluster.remote_env == f"export SLURM_CONF={tmp_path / 'slurm.conf'}"
+    assert specs["local"].kind == "container"

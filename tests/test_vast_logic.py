@@ -198,3 +198,18 @@ def test_all_matching_offers_excluded_is_not_no_offer(tmp_path: Path, monkeypatc
     assert "offer 1 on machine 101: its instance was lost earlier in this run" in text
     assert "offer 2 on machine 102: its machine failed in this deploy" in text
     assert "no Vast offer matches" not in text
+
+
+def test_a_detaching_deploy_is_named_as_such_not_as_the_supervisor_to_kill() -> None:
+    """While a `--detach` deploy rents and starts the run it holds the lease; a second
+    deploy is told it is that short-lived deploy (its supervisor comes later, another pid),
+    not to `kill` it; a supervisor's holder is told how to end it."""
+    from ups.deploy.managed.lease import DETACHING, Holder
+
+    starting = Holder("h", 41, 1.0, "t", DETACHING, 0.0, 60.0)
+    assert starting.describe().startswith("detached deploy pid 41 on h")
+    assert "hands the run to a background supervisor" in starting.describe()
+    assert "kill" not in starting.how_to_end() and "fab instances" in starting.how_to_end()
+    supervising = Holder("h", 42, 1.0, "t", "detached", 0.0, 60.0)
+    assert supervising.describe().startswith("detached supervisor pid 42 on h")
+    assert "`kill 42` on h" in supervising.how_to_end()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ups.deploy.errors import DeployError
+from ups.deploy.frontend import command
 from ups.deploy.managed import lease
 from ups.deploy.managed import record as supervision
 from ups.deploy.managed.lease import EXIT_SUPERVISED, Lease, LeaseHeld
@@ -87,14 +88,15 @@ def test_a_damaged_state_file_is_named_with_the_fix(tmp_path: Path) -> None:
 def test_a_second_supervisor_is_refused_while_the_first_lives(tmp_path: Path) -> None:
     """The holder is named with its pid and the command that follows the run instead; once
     released, the run is free; the refusal carries the documented exit code."""
+    follow = command("logs", "--host", "vast", "--run", "r1")
     first = Lease(tmp_path, "r1", "detached")
-    first.take("fab logs --host vast --run r1")
+    first.take(follow)
     second = Lease(tmp_path, "r1", "following")
     with pytest.raises(LeaseHeld) as err:
-        second.take("fab logs --host vast --run r1")
+        second.take(follow)
     assert err.value.exit_code == EXIT_SUPERVISED == 20
     assert "detached supervisor pid" in str(err.value)
-    assert "`fab logs --host vast --run r1`" in str(err.value)
+    assert "Follow it with `fab logs --host vast --run r1` (or `ups logs`" in str(err.value)
     held = lease.holder(tmp_path)
     assert held is not None and held.token == first.token
     first.release()

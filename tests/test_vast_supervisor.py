@@ -163,6 +163,11 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     proc.send_signal(signal.SIGINT)
     code, out, err = _done(proc, 120)
     assert code == 130, out[-2000:] + err[-2000:]
+    # The plan said what happened: the run's instance picked up, no new rental.
+    assert f"vast plan: run again picks up its instance {inst.id} if it still runs" in (
+        "".join(lines) + out
+    )
+    assert "interrupted (Ctrl-C)" in err, err[-2000:]
     assert fake_vast.live() == [] and list(fake_vast.destroyed) == [inst.id]
     steps = [e["step"] for e in _events(log, "train_step")]
     assert steps == sorted(set(steps)), "a step logged twice or out of order"

@@ -87,6 +87,7 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
         "workdir": plan.run_file["workdir"],
         "checkpoint_dir": None,
         "data": ["d/x.h5"],
+        "outputs": [],
         "stop_grace_s": None,
         "checkpoint_sync": None,
     }

@@ -2,8 +2,9 @@
 
 ``up`` makes a temporary directory holding generated client and host keys, an sshd
 config, a ``known_hosts`` that already holds the host key, and a remote workdir whose
-``data/demo`` links to the demo data; it starts sshd there and writes a hosts file with
-one ``container``-kind entry (this machine's ups from this venv, as the tests' hosts).
+``data/demo`` links to the demo data (in ups's checkout); it starts sshd there and writes
+a hosts file with one ``container``-kind entry (this machine's ups from this venv, as the
+tests' hosts).
 ``down`` ends every process it started or that runs in its directory (the sshd, a run
 deployed there) and removes the directory. Where it is recorded: ``STATE_DIR``.
 """
@@ -33,6 +34,7 @@ STATE_DIR = Path(".ups/dev-host")
 the directory ``ups dev-host`` runs in, like ``fab deploy``'s own ``.ups`` state."""
 HOST_NAME = "local"
 DEMO_DATA = Path("data/demo")
+DEMO_CONFIG = Path("configs/demo.yaml")
 
 
 class DevHostError(Exception):
@@ -131,15 +133,19 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, log: Path) -> None
     raise DevHostError(f"sshd did not listen on 127.0.0.1:{port} within 15 s: {log.read_text()}")
 
 
-def _link_data(workdir: Path, data: Path | None, root: Path) -> Path:
-    """``workdir/data/demo`` -> the demo data (given, ./data/demo, or written now)."""
+def _link_data(workdir: Path, data: Path | None, root: Path) -> Path | None:
+    """``workdir/data/demo`` -> the demo data: given, ./data/demo, or written now when this
+    folder holds the demo config that reads it (ups's checkout). In a project of your own
+    (no ``configs/demo.yaml``) none is written, a minute of CPU saved: None."""
     from ups.data.synth import ADVECTION_FILE, DARCY_FILE, synthesize
 
     source = data or DEMO_DATA
     if not all((source / name).is_file() for name in (ADVECTION_FILE, DARCY_FILE)):
+        if data is None and not DEMO_CONFIG.is_file():
+            return None
         source = root / "data" / "demo"
         synthesize(source, 0)
-    (workdir / "data").mkdir(parents=True)
+    (workdir / "data").mkdir()
     (workdir / "data" / "demo").symlink_to(source.resolve())
     return source.resolve()
 
@@ -152,10 +158,42 @@ def read_state(state_dir: Path) -> DevHost | None:
     return DevHost(Path(raw["root"]), raw["port"], raw["pid"], Path(raw["hosts_file"]))
 
 
-def up(state_dir: Path = STATE_DIR, data: Path | None = None) -> DevHost:
-    """Start the dev host (or return the running one) and record it in ``state_dir``."""
+SLURM_HOST_NAME = "cluster"
+
+
+def slurm_entry(root: Path, port: int, slurm_conf: Path) -> dict[str, Any]:
+    """A ``kind: slurm`` entry whose login node is the dev host: the two-node cluster that
+    ``scripts/slurm-setup.sh start DIR`` runs on this machine (``DIR/slurm.conf``)."""
+    entry = host_entry(root, port)
+    for field in ("image", "gpus"):
+        entry.pop(field)
+    return {
+        **entry,
+        "kind": "slurm",
+        "remote_env": f"export SLURM_CONF={slurm_conf.resolve()}",
+        "nodes": 2,
+        "ranks_per_node": 1,
+    }
+
+
+def write_hosts(host: DevHost, slurm_conf: Path | None = None) -> None:
+    """The hosts file: ``local`` (container kind), and ``cluster`` (Slurm) when asked for."""
+    entries = {HOST_NAME: host_entry(host.root, host.port)}
+    if slurm_conf is not None:
+        entries[SLURM_HOST_NAME] = slurm_entry(host.root, host.port, slurm_conf)
+    hosts = {"known_hosts": str(host.root / "known_hosts"), "hosts": entries}
+    host.hosts_file.write_text(yaml.safe_dump(hosts, sort_keys=False))
+
+
+def up(
+    state_dir: Path = STATE_DIR, data: Path | None = None, slurm_conf: Path | None = None
+) -> DevHost:
+    """Start the dev host (or return the running one) and record it in ``state_dir``;
+    with ``slurm_conf``, its hosts file names the local Slurm cluster too."""
     running = read_state(state_dir)
     if running is not None and running.alive():
+        if slurm_conf is not None:
+            write_hosts(running, slurm_conf)
         return running
     if running is not None:
         down(state_dir)  # recorded but dead (machine rebooted): clear what is left
@@ -182,15 +220,11 @@ def up(state_dir: Path = STATE_DIR, data: Path | None = None) -> DevHost:
         host_pub = (root / "host_ed25519.pub").read_text().split()
         (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
         workdir = root / "remote"
+        workdir.mkdir()
         _link_data(workdir, data, root)
         state_dir.mkdir(parents=True, exist_ok=True)
-        hosts_file = (state_dir / "hosts.yaml").resolve()
-        hosts = {
-            "known_hosts": str(root / "known_hosts"),
-            "hosts": {HOST_NAME: host_entry(root, port)},
-        }
-        hosts_file.write_text(yaml.safe_dump(hosts, sort_keys=False))
-        host = DevHost(root, port, proc.pid, hosts_file)
+        host = DevHost(root, port, proc.pid, (state_dir / "hosts.yaml").resolve())
+        write_hosts(host, slurm_conf)
         record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(host).items()}
         (state_dir / "state.json").write_text(json.dumps(record, indent=2) + "\n")
         return host
@@ -244,6 +278,38 @@ def _end(procs: list[psutil.Process], grace_s: float) -> list[int]:
 
 def _end_processes_under(root: Path) -> None:
     _end(_under(root), grace_s=5)
+
+
+def unfetched(host: DevHost) -> list[str]:
+    """The runs deployed to the dev host that ``fab fetch`` has not copied home since they
+    last changed (or still running), as ``RUN_ID (how it stands)``: what ``down`` would
+    delete for good."""
+    from ups.deploy.transport.remote import STATE_DIR as DEPLOY_STATE
+    from ups.deploy.transport.remote import RemoteRun
+    from ups.outcome import read_outcome
+
+    workdir = host.root / "remote"
+    found = []
+    states = workdir / DEPLOY_STATE
+    for state in sorted(states.iterdir()) if states.is_dir() else []:
+        if not state.is_dir() or state.is_symlink():
+            continue
+        output_dir = state / "output_dir"
+        remote = RemoteRun(
+            workdir=str(workdir),
+            run_id=state.name,
+            output_dir=output_dir.read_text().strip() if output_dir.is_file() else "runs",
+        )
+        run_dir = Path(remote.run_dir)
+        files = [p for p in run_dir.rglob("*") if p.is_file()] if run_dir.is_dir() else []
+        changed = max((p.stat().st_mtime for p in files), default=0.0)
+        mark = Path(remote.fetched_mark)
+        if mark.is_file() and mark.stat().st_mtime >= changed:
+            continue
+        outcome = read_outcome(run_dir)
+        how = outcome.outcome if outcome is not None else "no outcome yet: running or killed"
+        found.append(f"{state.name} ({how})")
+    return found
 
 
 def down(state_dir: Path = STATE_DIR, grace_s: float = 30) -> DevHost | None:

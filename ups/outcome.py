@@ -26,7 +26,8 @@ sees half a file. Schema (stable, ``schema_version`` 1)::
       "resumed_from": {"step": 8, "checkpoint": "...", "why": "..."},  # or null
       "memory": {"oom_killer": false, "limit_bytes": ..., "peak_rss_bytes": {"0": ...}},
       "training": {"strategy": "ddp", "precision": "bf16", "compiled": true,
-                   "accum_steps": 4, "oom_policy": "skip"}
+                   "accum_steps": 4, "oom_policy": "skip"},
+      "warnings": ["2 ranks ran, none joined a process group: ..."]
     }
 
 Fields after ``time`` were added later; readers must accept their absence (older files).
@@ -88,6 +89,9 @@ class Outcome:
     training: dict[str, Any] | None = None
     """How the run trained: ``precision``, ``compiled`` (torch.compile ran), ``accum_steps``,
     ``oom_policy``; null when it ended before training was set up."""
+    warnings: list[str] = field(default_factory=list)
+    """What a run that ended as it did should not have done (several ranks that never
+    joined a process group), one sentence each."""
     checkpoint_sync: dict[str, Any] | None = None
     """With ``checkpoint_sync.url``: the bucket, the checkpoints uploaded, those still
     ``pending`` (on this host only) and whether the final upload completed."""

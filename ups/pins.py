@@ -12,17 +12,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+_SHIPPED = Path(__file__).resolve().parent / "pins.toml"
+"""The pins ups was built with: a link to the checkout's pins.toml, a copy of it in a wheel."""
 
 
 def find_pins(explicit: Path | None, env: Mapping[str, str]) -> Path:
-    """The pins file: explicit path, ``$UPS_PINS``, ``./pins.toml``, then the repo's own."""
+    """The pins file: explicit path, ``$UPS_PINS``, ``./pins.toml``, then the package's own."""
     if explicit is not None:
         return explicit
     if env.get("UPS_PINS"):
         return Path(env["UPS_PINS"])
     local = Path("pins.toml")
-    return local if local.is_file() else _PACKAGE_ROOT / "pins.toml"
+    return local if local.is_file() else _SHIPPED
 
 
 def load_pins(path: Path) -> dict[str, Any]:

@@ -44,7 +44,7 @@ RETRY_TABLE: tuple[RetryRule, ...] = (
         True,
         (129, 130, 143),
         "ups launch got SIGHUP/SIGINT/SIGTERM outside training (preflight, startup, "
-        "wrap-up): no checkpoint of that moment",
+        "wrap-up), or a script's rank did not exit 0 after it: no checkpoint of that moment",
     ),
     RetryRule("killed", True, (), "no outcome.json: ups launch was killed or the host died"),
     RetryRule("rank_signal", True, (), "a rank died by a signal (SIGKILL, SIGSEGV, SIGBUS...)"),

@@ -2,7 +2,9 @@
 
 "Run the same command again" continues the latest run of that name whenever it did not
 finish, its way of ending is retryable (``ups.retry``: preempted, a killed or crashed
-rank, a hang, no outcome at all) and it has a checkpoint to resume from. A run whose
+rank, a hang, no outcome at all) and it has a checkpoint to resume from. A script's run
+continues with or without one, as ``fab deploy`` continues it: the script then gets an
+empty ``UPS_RESUME`` and starts from its beginning, under the same run id. A run whose
 ``ups launch`` is still alive is never joined.
 """
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from ups import ckpt
 from ups.fsio import atomic_symlink, atomic_write_text
 from ups.outcome import read_outcome
 from ups.retry import retry_verdict
@@ -30,10 +33,12 @@ _CHECKPOINT_SUFFIXES = {".pt", ".dcp"}
 @dataclass(frozen=True, slots=True)
 class Resume:
     run_id: str
-    step: int
-    checkpoint: str
+    step: int | None
+    """None for a script: ups sees no step inside it."""
+    checkpoint: str | None
+    """None: a script's run that committed no checkpoint (it starts from its beginning)."""
     why: str
-    """How the run ended, in words (from the retry table)."""
+    """How the run ended, in words (the outcome's reason, or the retry table's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +85,17 @@ def _latest_of(output_dir: Path, name: str) -> Path | None:
     return target if target.name.startswith(name) else None
 
 
-def resumable(output_dir: Path, name: str) -> tuple[Resume | None, str | None]:
+@dataclass(frozen=True, slots=True)
+class ScriptRuns:
+    """How a script's runs keep checkpoints: ``directory`` (a run file's ``checkpoint_dir``,
+    shared by its runs) or None (each run's own ``checkpoints/``), by ``ups.ckpt``'s rules."""
+
+    directory: Path | None = None
+
+
+def resumable(
+    output_dir: Path, name: str, script: ScriptRuns | None = None
+) -> tuple[Resume | None, str | None]:
     """The latest run of ``name`` when it can be continued; else None and why not."""
     target = _latest_of(output_dir, name)
     if target is None:
@@ -91,6 +106,10 @@ def resumable(output_dir: Path, name: str) -> tuple[Resume | None, str | None]:
         return None, f"latest run {target.name} is not resumed: {why}"
     if launch_alive(target):
         return None, f"latest run {target.name} is still running (its ups launch is alive)"
+    if script is not None:
+        found = ckpt.latest(script.directory or target / "checkpoints")
+        said = outcome.reason if outcome is not None else why
+        return Resume(target.name, None, str(found) if found else None, said), None
     newest = _newest_checkpoint(target)
     if newest is None:
         return None, f"latest run {target.name} did not finish ({why}) but has no checkpoint"
@@ -99,14 +118,19 @@ def resumable(output_dir: Path, name: str) -> tuple[Resume | None, str | None]:
 
 
 def choose_run(
-    output_dir: Path, name: str, explicit: str | None = None, *, fresh: bool = False
+    output_dir: Path,
+    name: str,
+    explicit: str | None = None,
+    *,
+    fresh: bool = False,
+    script: ScriptRuns | None = None,
 ) -> RunChoice:
     """An explicit id as given; else the resumable latest run (unless ``fresh``); else new."""
     if explicit:
         return RunChoice(explicit)
     if fresh:
         return RunChoice(new_run_id(name), note="--fresh: a new run")
-    resume, note = resumable(output_dir, name)
+    resume, note = resumable(output_dir, name, script)
     if resume is not None:
         return RunChoice(resume.run_id, resume=resume)
     return RunChoice(new_run_id(name), note=note)

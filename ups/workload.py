@@ -10,6 +10,8 @@ A script comes as ``--script PATH -- ARGS`` or as a run file (``ups-run.yaml``):
     env_file: .env                # NAME=VALUE lines (optional)
     checkpoint_dir: checkpoints   # relative to workdir (default: <run dir>/checkpoints)
     data: [data/train.h5]         # must exist (relative to workdir) before the run starts
+    outputs: [lightning_logs]     # what else the script writes (globs, relative to workdir):
+                                  # `fab fetch` and the bucket's last pass bring it home
     include: []                   # synced even when .gitignore leaves them out
     exclude: ["*.log"]            # never synced
     stop_grace_s: 120             # SIGTERM -> SIGKILL of the ranks
@@ -74,6 +76,7 @@ class _RunFile(BaseModel):
     env_file: str | None = None
     checkpoint_dir: str | None = None
     data: list[str] = Field(default_factory=list)
+    outputs: list[str] = Field(default_factory=list)
     include: list[str] = Field(default_factory=list)
     exclude: list[str] = Field(default_factory=list)
     stop_grace_s: int | None = Field(None, ge=1)
@@ -95,6 +98,9 @@ class ScriptWorkload:
     checkpoint_dir: str | None = None
     """Relative to ``workdir``; None: the run directory's ``checkpoints/``."""
     data: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    """What the script writes besides its checkpoints (globs relative to ``workdir``):
+    ``fab fetch`` and a bucket's last pass bring them home with the run."""
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     stop_grace_s: int | None = None
@@ -134,6 +140,7 @@ class ScriptWorkload:
             "workdir": workdir,
             "checkpoint_dir": self.checkpoint_dir,
             "data": list(self.data),
+            "outputs": list(self.outputs),
             "stop_grace_s": self.stop_grace_s,
             "checkpoint_sync": (
                 {"url": self.checkpoint_sync, "endpoint_url": self.sync_endpoint}
@@ -174,8 +181,11 @@ def _check(w: ScriptWorkload, environ: Mapping[str, str], local: bool) -> list[s
         )
     elif not w.script.endswith(".py"):
         problems.append(f"script: {w.script!r} must be a Python file (torchrun runs it)")
+    if w.checkpoint_dir is not None and PurePosixPath(w.checkpoint_dir) == PurePosixPath("."):
+        problems.append(WORKDIR_AS_CHECKPOINTS)
     relative = [("checkpoint_dir", w.checkpoint_dir)] if w.checkpoint_dir else []
-    for key, value in [*relative, *(("data", d) for d in w.data)]:
+    listed = [*(("data", d) for d in w.data), *(("outputs", o) for o in w.outputs)]
+    for key, value in [*relative, *listed]:
         if problem := _relative_problem(key, value):
             problems.append(problem)
     if local and w.env_file is not None and not w.env_file.is_file():
@@ -191,6 +201,29 @@ def _check(w: ScriptWorkload, environ: Mapping[str, str], local: bool) -> list[s
                 f"env: {name} is not set here: export it, or put `{name}=...` in the env_file"
             )
     return problems
+
+
+WORKDIR_AS_CHECKPOINTS = (
+    "checkpoint_dir: '.' is the workdir itself: every file and folder in it (your code, ups's "
+    "runs/) would count as a committed checkpoint, and UPS_RESUME would name one of them; "
+    "give the checkpoints a folder of their own, e.g. `checkpoint_dir: checkpoints`"
+)
+
+
+def checkpoint_dir_problem(directory: Path, workdir: Path, output_dir: Path) -> str | None:
+    """Why ``directory`` cannot be a script's ``UPS_CHECKPOINT_DIR``: it is the workdir, or
+    ups's output directory is in it (every run directory would look like a checkpoint)."""
+    where, out = directory.resolve(), output_dir.resolve()
+    if where == workdir.resolve():
+        return WORKDIR_AS_CHECKPOINTS.replace("'.'", f"{str(directory)!r}", 1)
+    if where == out or where in out.parents:
+        return (
+            f"checkpoint_dir: {str(directory)!r} holds ups's output directory {str(out)!r}: its "
+            "run directories would count as committed checkpoints, and UPS_RESUME would name "
+            "one of them; give the checkpoints a folder of their own (the default, "
+            "<run dir>/checkpoints, needs no setting)"
+        )
+    return None
 
 
 _PATH_KEYS = ("script", "workdir", "env_file")
@@ -254,6 +287,7 @@ def load_run_file(
         env_file=(base / model.env_file) if model.env_file else None,
         checkpoint_dir=model.checkpoint_dir,
         data=tuple(model.data),
+        outputs=tuple(model.outputs),
         include=tuple(model.include),
         exclude=tuple(model.exclude),
         stop_grace_s=model.stop_grace_s,

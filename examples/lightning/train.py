@@ -24,6 +24,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -42,6 +43,7 @@ class Regressor(L.LightningModule):
         loss = torch.nn.functional.mse_loss(self.net(x), x.sum(dim=1, keepdim=True) * 0.5)
         if self.global_rank == 0:
             print(f"step {self.global_step + 1} loss {loss.item():.6f}", flush=True)
+        self.log("loss", loss)  # to lightning_logs/ (the run file's `outputs`)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -111,7 +113,8 @@ def main() -> None:
         callbacks=[StopOnSigterm(args.pause_at), saver],
         max_steps=args.steps,
         max_epochs=-1,
-        logger=False,
+        logger=CSVLogger(".", name="lightning_logs"),  # Lightning's usual lightning_logs/
+        log_every_n_steps=1,
         enable_progress_bar=False,
         enable_model_summary=False,
         deterministic=True,

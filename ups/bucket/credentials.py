@@ -117,8 +117,8 @@ def _read(path: Path, *, fresh: bool = True) -> Keys:
     if fresh and keys.expires is not None and keys.expires <= time.time():
         raise CredentialsExpired(
             f"the bucket credentials expired at {iso(keys.expires)} and were not renewed: "
-            "the run's supervisor renews them (`fab deploy` of this run, or its `--detach` "
-            "supervisor, must be running); uploads catch up once it has"
+            "the run's supervisor renews them (`fab deploy` or `ups deploy` of this run, or its "
+            "`--detach` supervisor, must be running); uploads catch up once it has"
         )
     return keys
 

@@ -16,6 +16,7 @@ pass that started after the request to complete, and says what is still missing.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +38,9 @@ from ups.retry import bucket_retryable
 
 log = get_logger("checkpoint_sync")
 
-RUN_FILES = ("outcome.json", "outcome.previous.json")
+OUTPUTS_FILE = "script-outputs.json"
+"""In a script's run directory: its files outside it (``ups.launch.scriptrun.record_outputs``)."""
+RUN_FILES = ("outcome.json", "outcome.previous.json", OUTPUTS_FILE)
 """Files of the run directory uploaded by the final pass (the logs follow on every pass)."""
 
 
@@ -237,6 +240,24 @@ class Uploader:
                 if (self.run_dir / name).is_file():
                     self.bucket.upload_file(self.run_dir / name, f"{self.run_id}/{name}")
             self._send_tree(self.run_dir / "wandb", "wandb")
+            self._send_outputs()
+
+    def _send_outputs(self) -> None:
+        """A script's outputs outside the run directory, under ``outputs/`` (the paths its
+        ``script-outputs.json`` lists, relative to its workdir), as ``fab fetch`` lays them
+        out at home."""
+        try:
+            record = json.loads((self.run_dir / OUTPUTS_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        workdir = Path(record["workdir"])
+        for listed in record.get("paths", []):
+            path = workdir / listed
+            under = f"outputs/{listed.lstrip('/')}"
+            if path.is_dir():
+                self._send_tree(path, under)
+            elif path.is_file():
+                self.bucket.upload_file(path, f"{self.run_id}/{under}")
 
     def _pass_script(self, directory: Path) -> None:
         """The newest committed checkpoint of a script: only it is needed to resume."""
@@ -376,3 +397,38 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def restore_logs(bucket: Bucket, run_id: str, run_dir: Path) -> list[str]:
+    """A run continued on a new host (an empty run directory) takes the per-rank logs the
+    bucket holds of it before any rank writes, so each rank's log continues where the
+    last host's ended and the next upload keeps them whole; returns the names taken.
+    (``launch.log`` is not among them: a managed run's supervisor puts its own whole copy
+    on the new instance.)
+
+    A log the run directory already has is its own and is left alone; a bucket that does
+    not answer leaves the logs to start afresh, saying so."""
+    taken = []
+    try:
+        for key in bucket.list(f"{run_id}/logs/"):
+            rel = key.removeprefix(f"{run_id}/logs/")
+            local = run_dir / "logs" / rel
+            if not (rel.startswith("rank") and rel.endswith(".jsonl")) or local.exists():
+                continue
+            bucket.download_file(key, local)
+            taken.append(rel)
+    except BucketError as exc:
+        log.warning(
+            "logs_restore_failed",
+            error=str(exc),
+            text="the ranks' logs here start empty; the bucket keeps the earlier ones until "
+            "this run's first upload replaces them",
+        )
+        return taken
+    if taken:
+        log.info(
+            "logs_restored",
+            names=taken,
+            text=f"continued {len(taken)} rank log(s) from {bucket.url_of(run_id + '/logs/')}",
+        )
+    return taken

@@ -13,6 +13,7 @@ COMMANDS = {
     "data": ("ups.cli.data", "demo data: `ups data synth`, `ups data check CONFIG`"),
     "cache": ("ups.cli.cache", "latent cache: `ups cache build CONFIG`"),
     "checkpoint": ("ups.cli.checkpoint", "`ups checkpoint export RUN`: one weights file"),
+    "init": ("ups.cli.init", "make this folder a ups project: fabfile.py, ups-run.yaml"),
     "dev-host": ("ups.cli.devhost", "`ups dev-host up|down`: a local SSH host to try deploy on"),
     # The fabfile's tasks (fab deploy, ...): module:function, one module for all of them.
     "deploy": ("ups.cli.deploy:deploy", "start a run on a host from hosts.yaml (fab deploy)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -146,37 +147,70 @@ def operation(name: str, a: argparse.Namespace) -> Callable[[], int]:
 def _workload(a: argparse.Namespace) -> ScriptWorkload | None:
     """``--script``/``--run-file`` as one checked workload; a problem is a UsageError."""
     from ups.deploy.errors import UsageError
+    from ups.workload import WorkloadError
+
+    try:
+        return _checked_workload(a)
+    except (WorkloadError, ValueError) as err:
+        raise UsageError(str(err)) from None
+
+
+def _checked_workload(a: argparse.Namespace) -> ScriptWorkload | None:
+    """``--script``/``--run-file`` read and checked with light imports only (no SSH, no
+    deploy code), so a mistake in them is answered at once. Raises WorkloadError."""
+    from ups.workfiles import left_behind
     from ups.workload import WorkloadError, load_run_file, script_workload, with_args
 
+    if cached := getattr(a, "checked_workload", None):
+        return cached  # type: ignore[no-any-return]  # set by run() below
     script, run_file = getattr(a, "script", None), getattr(a, "run_file", None)
-    words = shlex.split(a.script_args) if getattr(a, "script_args", None) else []
+    try:
+        words = shlex.split(a.script_args) if getattr(a, "script_args", None) else []
+    except ValueError as err:  # an unclosed quote
+        raise ValueError(
+            f"--script-args {a.script_args!r}: {err}; quote it as you would on a shell line"
+        ) from None
     words += getattr(a, "after_dashes", None) or []
     if script is None and run_file is None:
         if words:
-            raise UsageError("script arguments were given without --script or --run-file")
+            raise ValueError("script arguments were given without --script or --run-file")
         return None
     if sum(x is not None for x in (script, run_file, a.config)) > 1:
-        raise UsageError("give one of --config, --script and --run-file")
-    try:
-        if run_file is not None:
-            return with_args(load_run_file(Path(run_file)), words)
+        raise ValueError("give one of --config, --script and --run-file")
+    if run_file is not None:
+        workload = with_args(load_run_file(Path(run_file)), words)
+    else:
         assert script is not None
-        return script_workload(script, words)
-    except WorkloadError as err:
-        raise UsageError(str(err)) from None
+        workload = script_workload(script, words)
+    if problems := left_behind(workload):
+        raise WorkloadError(workload.source, problems)
+    return workload
+
+
+EXIT_USAGE = 2
+"""``ups.deploy.errors.UsageError``'s exit code, for a mistake answered before that loads."""
 
 
 def run(name: str, argv: list[str]) -> int:
     """Parse ``argv`` for command ``name`` and run it; the exit code of ``fab NAME``."""
-    from ups.deploy import tasks
 
     after: list[str] = []
     if name == "deploy" and "--" in argv:
         argv, after = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = _parser(name).parse_args(argv)
     args.after_dashes = after
+    if name == "deploy":
+        from ups.workload import WorkloadError
+
+        try:  # before the deploy code is imported: a wrong script is answered at once
+            args.checked_workload = _checked_workload(args)
+        except (WorkloadError, ValueError) as err:
+            sys.stderr.write(f"error: {err}\n")
+            return EXIT_USAGE
     if name == "down" and not args.host:
         _parser(name).error("--host is required (a kind: vast entry of hosts.yaml)")
+    from ups.deploy import tasks
+
     return tasks.guarded(operation(name, args), verbose=args.verbose)
 
 

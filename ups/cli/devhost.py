@@ -2,7 +2,9 @@
 
 ``up`` starts a real sshd on 127.0.0.1 in a temporary directory and writes a hosts file
 with its entry (``local``); ``down`` ends the sshd and every run deployed to it and
-removes the directory. Exit codes: 0 done, 1 the host could not start, 2 nothing to stop.
+removes the directory; it first refuses, naming them, while runs deployed there have not
+been copied home by ``fab fetch`` (``--discard`` deletes them anyway). Exit codes: 0 done,
+1 the host could not start, 2 nothing to stop, 3 unfetched runs (nothing was stopped).
 """
 
 from __future__ import annotations
@@ -40,25 +42,59 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="demo data directory to link into the host's workdir (default: data/demo; "
-        "written with `ups data synth` when missing)",
+        "when missing, written with `ups data synth` if this folder holds configs/demo.yaml, "
+        "which reads it, else none)",
+    )
+    p.add_argument(
+        "--slurm-conf",
+        type=Path,
+        default=None,
+        metavar="SLURM_CONF",
+        help="up: add a `cluster` entry (kind: slurm, 2 nodes) for the Slurm cluster this "
+        "slurm.conf describes, reached through the dev host (`scripts/slurm-setup.sh start "
+        "DIR` runs one on this machine and prints it)",
+    )
+    p.add_argument(
+        "--discard",
+        action="store_true",
+        help="down: delete runs that `fab fetch` has not copied home (refused without it)",
     )
     return p
+
+
+def _workload_here() -> str:
+    """What a deploy from this folder would run: the demo config in ups's checkout, your
+    run file after `ups init`, else your script."""
+    if Path("configs/demo.yaml").is_file():
+        return "--config configs/demo.yaml"
+    if Path("ups-run.yaml").is_file():
+        return "--run-file ups-run.yaml"
+    return "--script YOUR_SCRIPT.py -- ARGS"
+
+
+EXIT_UNFETCHED = 3
+"""``down`` refused: runs on the dev host were not fetched; nothing was stopped."""
 
 
 def _describe(host: devhost.DevHost, started: bool) -> str:
     entry = yaml.safe_load(host.hosts_file.read_text())["hosts"]
     verb = "started" if started else "already running"
+    slurm_too = devhost.SLURM_HOST_NAME in entry
+    slurm = [f"  fab deploy --host {devhost.SLURM_HOST_NAME} --config configs/demo.yaml"]
     return "\n".join(
         [
             f"dev host {verb}: sshd on 127.0.0.1:{host.port} (pid {host.pid}), files in "
             f"{host.root}",
-            f"hosts file {host.hosts_file} holds this entry:",
+            f"hosts file {host.hosts_file} holds {'these entries' if slurm_too else 'this entry'}:",
             "",
             *("  " + line for line in yaml.safe_dump(entry, sort_keys=False).splitlines()),
             "",
             "Use it (in this shell):",
             f"  export UPS_HOSTS_FILE={host.hosts_file}",
-            "  fab deploy --host local --config configs/demo.yaml",
+            f"  fab deploy --host {devhost.HOST_NAME} {_workload_here()}",
+            "(`ups deploy` takes the same options from any folder; `fab` needs a fabfile.py "
+            "here or above: `ups init` writes one)",
+            *(slurm if slurm_too else []),
             "Remove it, with every run deployed to it: ups dev-host down",
         ]
     )
@@ -70,7 +106,7 @@ def main(argv: list[str]) -> int:
         running = devhost.read_state(args.state_dir)
         started = running is None or not running.alive()
         try:
-            host = devhost.up(args.state_dir, args.data)
+            host = devhost.up(args.state_dir, args.data, args.slurm_conf)
         except devhost.DevHostError as exc:
             print(f"ups dev-host up: {exc}", file=sys.stderr)
             return 1
@@ -83,6 +119,17 @@ def main(argv: list[str]) -> int:
             return 2 if recorded is None else 1
         print(_describe(recorded, started=False))
         return 0
+    recorded = devhost.read_state(args.state_dir)
+    if recorded is not None and not args.discard and (runs := devhost.unfetched(recorded)):
+        first = runs[0].split()[0]
+        print(
+            f"ups dev-host down: {len(runs)} run(s) on the dev host were not fetched since they "
+            f"last changed, and would be deleted with it: {', '.join(runs)}. Copy one home "
+            f"with `fab fetch --host {devhost.HOST_NAME} --run {first}` (its outputs too), "
+            "or delete them with the host: `ups dev-host down --discard`. Nothing was stopped.",
+            file=sys.stderr,
+        )
+        return EXIT_UNFETCHED
     stopped = devhost.down(args.state_dir)
     if stopped is None:
         print(

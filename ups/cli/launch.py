@@ -21,12 +21,19 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ups.config import Config, ConfigError, load_config
-from ups.console import LOG_FORMATS, wants_console
-from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_CONFIG
-from ups.workload import ScriptWorkload, WorkloadError, load_run_file, with_args
+
+if TYPE_CHECKING:
+    from ups.config import Config
+    from ups.workload import ScriptWorkload
+
+# Only what the flags need is imported up front: a mistake a user can see from the command
+# line alone (a script that does not exist) is answered before the config schema, pydantic,
+# rich and the rest are loaded, in a fraction of a second.
+LOG_FORMATS = ("auto", "console", "json")
+"""``ups.console.LOG_FORMATS`` (a test keeps them equal)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -157,11 +164,23 @@ def _gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+def _missing_script(script: str) -> str | None:
+    """``--script PATH`` that names no file, said in one paragraph (checked first)."""
+    if os.path.isfile(script):
+        return None
+    return (
+        f"ups launch: --script {script!r} is not a file (looked in {os.getcwd()}); give the "
+        "path of your training script. Nothing was started."
+    )
+
+
 def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWorkload:
     """Read ``--run-file`` (every problem at once, WorkloadError), move into its workdir
     (the script's relative paths mean what they mean there) and return it, with
     ``-- ARGS`` in place of its args when given. Secrets from its ``env_file`` join
     this process's environment, which the workers inherit; never the plan's."""
+    from ups.workload import WorkloadError, load_run_file, with_args
+
     if args.script or args.config:
         raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
     workload = with_args(load_run_file(Path(args.run_file)), script_args)
@@ -185,6 +204,13 @@ def main(argv: list[str]) -> int:
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
     )
     args = _parser().parse_args(own)
+    if args.script is not None and (problem := _missing_script(args.script)):
+        print(problem, file=sys.stderr)
+        return EXIT_CONFIG
+    from ups.config import ConfigError, load_config
+    from ups.launch.plan import LaunchRequest, build_plan
+    from ups.workload import WorkloadError, script_workload
+
     if args.config and args.output_dir:
         # One place decides where the run lives: the config, which the trainer reads too.
         args.overrides.append(f"run.output_dir={args.output_dir}")
@@ -196,6 +222,10 @@ def main(argv: list[str]) -> int:
         if args.gpus is not None:
             _select_gpus(args.gpus)
         workload = _from_run_file(args, script_args) if args.run_file is not None else None
+        if args.script is not None:
+            if args.run_file is not None or args.config:
+                raise ValueError("ups launch: give --run-file, --script or a CONFIG, not several")
+            script_workload(args.script, script_args)  # a missing script: now, exit 2
         req = LaunchRequest(
             config_path=args.config,
             overrides=args.overrides,
@@ -205,6 +235,7 @@ def main(argv: list[str]) -> int:
             stop_grace_s=workload.stop_grace_s if workload else None,
             checkpoint_sync_url=workload.checkpoint_sync if workload else None,
             checkpoint_sync_endpoint=workload.sync_endpoint if workload else None,
+            outputs=list(workload.outputs) if workload else [],
             nproc_per_node=args.nproc_per_node,
             nnodes=args.nnodes,
             node_rank=args.node_rank,
@@ -241,6 +272,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(plan.to_json())
         return 0
+    from ups.console import wants_console
     from ups.launch.execute import execute
 
     render = wants_console(args.log_format, sys.stdout)

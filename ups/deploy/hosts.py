@@ -39,6 +39,8 @@ from ups.bucket.store import parse_url
 from ups.deploy.errors import UsageError
 
 DEFAULT_HOSTS_FILE = Path("configs/hosts.yaml")
+HOSTS_FILE_LOOKUP = "--hosts-file, else $UPS_HOSTS_FILE, else configs/hosts.yaml in this folder"
+"""Where the hosts file is looked for (:func:`hosts_file_path`), for messages and help."""
 DEFAULT_KNOWN_HOSTS = Path("~/.config/ups/known_hosts")
 
 KindName = Literal["container", "docker", "vast", "slurm"]
@@ -359,8 +361,12 @@ def load_hosts(path: str | Path | None = None) -> HostsFile:
         raw = yaml.safe_load(file.read_text()) or {}
     except FileNotFoundError:
         raise UsageError(
-            f"hosts file {file} not found. Copy configs/hosts.yaml, add your host, and pass "
-            "--hosts-file PATH or set UPS_HOSTS_FILE."
+            f"hosts file {file} not found (deploy reads {HOSTS_FILE_LOOKUP}). To try deploy on "
+            "this machine, `ups dev-host up` starts a host here and prints the line that "
+            "points UPS_HOSTS_FILE at its file. For your own machine write configs/hosts.yaml "
+            "with an entry such as `hosts: {gpubox: {kind: container, host: ADDRESS, user: "
+            "USER, key: ~/.ssh/id_ed25519, workdir: /workspace/ups}}` (every kind and field: "
+            "docs/deploy.md)."
         ) from None
     except yaml.YAMLError as err:
         raise UsageError(f"hosts file {file} is not valid YAML: {err}") from None
@@ -397,7 +403,8 @@ def get_hosts(names: str, path: str | Path | None = None) -> tuple[list[HostSpec
             known = ", ".join([*sorted(hosts.hosts), *sorted(hosts.groups)]) or "(none)"
             raise UsageError(
                 f"unknown host {name!r}: {hosts_file_path(path)} defines {known}. "
-                "Add an entry under 'hosts:' (or 'groups:') or pick one of those."
+                "Add an entry under 'hosts:' (or 'groups:'), pick one of those, or name "
+                f"another hosts file (the one read is {HOSTS_FILE_LOOKUP})."
             )
         if spec in specs:
             raise UsageError(f"host {name!r} is named twice in --host {names!r}")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ups.deploy import kinds
+from ups.deploy import frontend, kinds
 from ups.deploy.errors import EXIT_INTERRUPTED, DeployError, HostGone, UsageError
-from ups.deploy.hosts import HostSpec, get_host, get_hosts
+from ups.deploy.hosts import HOSTS_FILE_LOOKUP, HostSpec, get_host, get_hosts
 from ups.deploy.kinds import refuse_unsupported
 from ups.deploy.onhost import group, operate
 from ups.deploy.onhost.fetch import fetch as fetch_one
@@ -71,8 +71,8 @@ def _targets(
 def _need_host(host: str | None) -> str:
     if not host:
         raise UsageError(
-            "which host? pass --host NAME (a key of configs/hosts.yaml), --host a,b or a "
-            "group name; `fab --list` shows the tasks."
+            f"which host? pass --host NAME (a key of the hosts file, {HOSTS_FILE_LOOKUP}), "
+            "--host a,b or a group name."
         )
     return host
 
@@ -97,7 +97,8 @@ def guarded(fn: Callable[[], int], err: TextIO | None = None, verbose: bool = Fa
     except KeyboardInterrupt:
         (err or sys.stderr).write(
             "interrupted: stopped following only; a started run keeps going remotely "
-            "(`fab logs --host HOST` re-attaches, `fab stop --host HOST` stops it)\n"
+            f"({frontend.command('logs', '--host HOST')} re-attaches, "
+            f"{frontend.command('stop', '--host HOST')} stops it)\n"
         )
         return EXIT_INTERRUPTED
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ import structlog
 
 from ups.backoff import LAUNCH_RESTART
 from ups.bucket import Bucket
-from ups.bucket.uploader import final_pass
+from ups.bucket.uploader import final_pass, restore_logs
 from ups.config import Config
 from ups.launch import scriptrun
 from ups.launch.finalize import (
@@ -62,16 +63,13 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         level = logging.WARNING if outcome.outcome == "preempted" else logging.ERROR
         retryable, _ = retry_verdict(outcome)
         if retryable and outcome.outcome != "finished":
-            extra["resume"] = (
-                "run the same command again to continue from the last checkpoint"
-                if plan.script is None
-                else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
-                if outcome.checkpoint
-                # the script committed no checkpoint: it starts from the beginning
-                else "run the same command again to start the script again"
-            )
+            extra["resume"] = _resume_hint(plan, outcome)
     if outcome.resumed_from is not None and plan.script is not None:
         extra["resumed_from"] = outcome.resumed_from
+    for warning in outcome.warnings:
+        log.warning("run_warning", text=warning)
+    if outcome.warnings:
+        extra["warnings"] = outcome.warnings
     log.log(
         level,
         "run_ended",
@@ -83,6 +81,27 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
         run_dir=plan.run_dir,
         exit_code=code,
         **extra,
+    )
+
+
+SLURM_JOB_ENV = "SLURM_JOB_ID"
+"""Set in a Slurm job's processes: a preempted or requeued job comes back by itself."""
+
+
+def _resume_hint(plan: LaunchPlan, outcome: Outcome) -> str:
+    again = (
+        "run the same command again to continue from the last checkpoint"
+        if plan.script is None
+        else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
+        if outcome.checkpoint
+        # the script committed no checkpoint: it starts from the beginning
+        else "run the same command again to start the script again"
+    )
+    if SLURM_JOB_ENV not in os.environ:
+        return again
+    return (
+        f"a requeued Slurm job (slurm job {os.environ[SLURM_JOB_ENV]}) starts again by itself "
+        "from here; after `fab stop`, the same `fab deploy` continues it"
     )
 
 
@@ -183,10 +202,18 @@ def _announce(plan: LaunchPlan) -> None:
     )
     if plan.resume is not None:
         r = plan.resume
+        text = (
+            f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished ({r['why']})"
+            if r["step"] is not None
+            # a script's: its outcome's reason is in `why`, often naming the checkpoint again
+            else f"resuming run {r['run_id']}: the script gets UPS_RESUME={r['checkpoint']}"
+            if r["checkpoint"]
+            else f"resuming run {r['run_id']}: no committed checkpoint, so the script starts "
+            "from its beginning"
+        )
         log.warning(
             "resuming_run",
-            text=f"resuming run {r['run_id']} from step {r['step']}: it ended unfinished "
-            f"({r['why']})",
+            text=text,
             run_id=r["run_id"],
             step=r["step"],
             why=r["why"],
@@ -236,12 +263,10 @@ def _sync_run_end(plan: LaunchPlan, cfg: Config | None) -> None:
             script_dir=scriptrun.checkpoint_dir(plan),
         )
         return
-    if cfg is None or (url := cfg.checkpoint_sync.url) is None or plan.node_rank != 0:
+    if cfg is None or (bucket := _run_bucket(plan, cfg)) is None:
         return
-    sync = cfg.checkpoint_sync
-    bucket = Bucket.open(url, endpoint_url=sync.endpoint_url)
     final_pass(bucket, plan.run_id, Path(plan.run_dir), cfg.checkpoint.keep_last,
-               timeout=sync.flush_timeout_s)  # fmt: skip
+               timeout=cfg.checkpoint_sync.flush_timeout_s)  # fmt: skip
 
 
 def _attempt_record(n: int, started: str, outcome: Outcome) -> dict[str, Any]:
@@ -319,8 +344,20 @@ def _port_taken_reason(plan: LaunchPlan) -> str:
     )
 
 
+def _run_bucket(plan: LaunchPlan, cfg: Config | None) -> Bucket | None:
+    """The run's bucket, on node 0: the script's ``checkpoint_sync`` or the config's."""
+    if (store := scriptrun.bucket(plan)) is not None:
+        return store
+    if cfg is None or (url := cfg.checkpoint_sync.url) is None or plan.node_rank != 0:
+        return None
+    return Bucket.open(url, endpoint_url=cfg.checkpoint_sync.endpoint_url)
+
+
 def _attempts(plan: LaunchPlan, cfg: Config | None, tee: LineTee, continued: bool) -> int:
-    """A script's checkpoints to and from its bucket around :func:`_attempts_of`."""
+    """A script's checkpoints to and from its bucket around :func:`_attempts_of`; on a new
+    host, the ranks' logs so far from the run's bucket first (they continue, whole)."""
+    if (run_bucket := _run_bucket(plan, cfg)) is not None:
+        restore_logs(run_bucket, plan.run_id, Path(plan.run_dir))
     store = scriptrun.bucket(plan)
     if store is None:
         return _attempts_of(plan, cfg, tee, continued, None)
@@ -390,6 +427,7 @@ def _attempts_of(
             checkpoint=newest(plan),
             resumed_from=resumed_from(plan, first_resume, continued, fetched),
         )
+        scriptrun.record_outputs(plan)
     save_outcome(Path(plan.run_dir), final)
     if stop_sync is not None:
         stop_sync()  # the final pass below sends what it had not, with the outcome

@@ -12,9 +12,18 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ups import ckpt
 from ups.launch.oom import MemorySnapshot, explain_sigkill, kernel_log_oom_kills, snapshot
 from ups.launch.plan import LaunchPlan
-from ups.launch.torchrun import PEER_LOST, TorchrunResult, WorkerFailure, blame_order, received
+from ups.launch.scriptrun import checkpoint_dir
+from ups.launch.torchrun import (
+    PEER_LOST,
+    TorchrunResult,
+    WorkerExit,
+    WorkerFailure,
+    blame_order,
+    received,
+)
 from ups.log import get_logger
 from ups.outcome import (
     EXIT_CONFIG,
@@ -47,8 +56,8 @@ def set_aside_previous_outcome(run_dir: Path) -> Path | None:
     return target
 
 
-def _traceback_location(plan: LaunchPlan, failure: WorkerFailure) -> str:
-    if failure.error_file:
+def _traceback_location(plan: LaunchPlan, failure: WorkerFailure | WorkerExit) -> str:
+    if isinstance(failure, WorkerFailure) and failure.error_file:
         return failure.error_file
     rank_log = Path(plan.run_dir) / "logs" / f"rank{failure.rank}.jsonl"
     if rank_log.exists():  # the trainer's log: its rank_failed event holds the traceback
@@ -74,19 +83,16 @@ def _outcome(plan: LaunchPlan, result: TorchrunResult, **fields: Any) -> Outcome
 
 def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     """The outcome as torchrun saw the run, for when the trainer left none."""
-    if plan.script is not None and result.received_signal and not result.failures:
-        # The script handled the stop (saved, exited 0): stopped by request, not done.
-        reason = (
-            f"{result.received_signal} received; all {plan.nproc_per_node} worker(s) on node "
-            f"{plan.node_rank} stopped and exited 0"
-        )
-        return _outcome(
-            plan, result, outcome="preempted", exit_code=EXIT_PREEMPTED, reason=reason,
-            signal=result.received_signal, cause="preempted",
-        )  # fmt: skip
+    if result.received_signal is not None and result.workers:
+        stopped = _after_the_stop(plan, result)
+        if stopped is not None:
+            return stopped
     if result.rc == 0:
         reason = f"all {plan.nproc_per_node} worker(s) on node {plan.node_rank} exited 0"
-        return _outcome(plan, result, outcome="finished", exit_code=0, reason=reason)
+        warnings = [never_met(plan.world_size)] if _never_met(plan, result) else []
+        return _outcome(
+            plan, result, outcome="finished", exit_code=0, reason=reason, warnings=warnings
+        )
     cause = result.root_cause()
     if cause is not None:
         return _outcome(
@@ -112,6 +118,93 @@ def _from_torchrun(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
         plan, result, outcome="failed", exit_code=result.rc, reason=reason,
         traceback=plan.log_path, cause="launch_error",
     )  # fmt: skip
+
+
+def _after_the_stop(plan: LaunchPlan, result: TorchrunResult) -> Outcome | None:
+    """A stop reached the workers: the outcome from how each of them really ended.
+
+    ``preempted`` only when every rank exited 0 (or 75) after it, naming the checkpoint the
+    script committed since, or saying it committed none; else ``failed``, naming the first
+    rank that did not, its code or signal and its last line on stderr. For the trainer,
+    another node's ranks ending cleanly are "preempted" (rank 0 writes the run's outcome on
+    node 0); None on node 0 when rank 0 wrote none though every rank exited cleanly (told
+    as before: stopped)."""
+    sig = result.received_signal
+    assert sig is not None
+    unclean = result.unclean()
+    node = f"all {len(result.workers)} rank(s) on node {plan.node_rank}"
+    if not unclean:
+        if plan.script is None and plan.node_rank == 0:
+            return None  # the trainer's rank 0 writes the outcome; it left none
+        if plan.script is None:
+            reason = (
+                f"{received(sig)} by ups launch; {node} exited 0 or 75 after the stop (rank 0, "
+                "on node 0, writes the run's checkpoint and outcome)"
+            )
+            return _outcome(
+                plan, result, outcome="preempted", exit_code=EXIT_PREEMPTED, reason=reason,
+                signal=sig, cause="preempted",
+            )  # fmt: skip
+        reason = (
+            f"{received(sig)} by ups launch; {node} exited 0 after the stop; "
+            f"{_committed_since(plan, result.stopped_at)}"
+        )
+        return _outcome(
+            plan, result, outcome="preempted", exit_code=EXIT_PREEMPTED, reason=reason,
+            signal=sig, cause="preempted",
+        )  # fmt: skip
+    first = unclean[0]
+    more = f"; {len(unclean) - 1} more rank(s) did not exit 0 either" if len(unclean) > 1 else ""
+    said = f"; its last line on stderr: {first.last_line[:200]!r}" if first.last_line else ""
+    reason = (
+        f"{received(sig)} by ups launch; {first.describe()} after the stop"
+        f"{_stop_hint(plan, first)}{said}{more}"
+    )
+    return _outcome(
+        plan, result, outcome="failed", exit_code=result.rc or 128 + 15, reason=reason,
+        failed_rank=first.rank, signal=first.signal or sig, cause="stopped",
+        traceback=_traceback_location(plan, first),
+    )  # fmt: skip
+
+
+def _stop_hint(plan: LaunchPlan, worker: WorkerExit) -> str:
+    if worker.signal == "SIGKILL":
+        return (
+            f": still running {plan.stop_grace_s} s (stop_grace_s) after the stop, so torchrun "
+            "killed it"
+        )
+    if worker.signal == "SIGTERM" and plan.script is not None:
+        return (
+            ": the script does not handle SIGTERM; to end `preempted`, save and exit 0 "
+            "(docs/script.md)"
+        )
+    return ""
+
+
+def _committed_since(plan: LaunchPlan, since: float | None) -> str:
+    """Which checkpoint the script committed after the stop, in words, or that it did not."""
+    directory = checkpoint_dir(plan)
+    newest = ckpt.latest(directory) if directory is not None else None
+    if newest is None:
+        return "they committed no checkpoint: the same command starts the script again"
+    if since is not None and newest.stat().st_mtime < since:
+        return (
+            f"they committed no checkpoint after it; the newest, {newest}, is from before the stop"
+        )
+    return f"they committed checkpoint {newest}"
+
+
+def never_met(world_size: int) -> str:
+    """The warning for ranks that ran side by side and never formed a process group."""
+    return (
+        f"{world_size} ranks ran, none joined a process group: each trained alone on its "
+        "own copy (the script never calls torch.distributed.init_process_group, or its "
+        "framework was told of one device only)"
+    )
+
+
+def _never_met(plan: LaunchPlan, result: TorchrunResult) -> bool:
+    return plan.world_size > 1 and result.store_untouched
 
 
 def finalize_outcome(
@@ -186,7 +279,14 @@ def _decide(plan: LaunchPlan, result: TorchrunResult) -> Outcome:
     elif written.outcome == "failed" and cause is not None:
         final = _amend_failed(plan, written, result, cause)
     elif written.outcome == "preempted" and result.received_signal is not None:
-        final = _named_as_received(written, result.received_signal)
+        if result.unclean():  # rank 0 wrote "preempted"; another rank did not end cleanly
+            final = dataclasses.replace(
+                seen, step=written.step, checkpoint=written.checkpoint, metrics=written.metrics
+            )
+        else:
+            final = _named_as_received(written, result.received_signal)
+    if final.outcome == "finished" and _never_met(plan, result):
+        final = dataclasses.replace(final, warnings=[*final.warnings, never_met(plan.world_size)])
     return final
 
 
@@ -204,7 +304,7 @@ def _named_as_received(written: Outcome, sig: str | None) -> Outcome:
 def _finished_before_the_stop(result: TorchrunResult) -> bool:
     """torchrun exited non-zero only because it was stopped: no worker failed."""
     stopped = result.status == "signal" or result.received_signal is not None
-    return result.rc != 0 and stopped and not result.failures
+    return result.rc != 0 and stopped and not result.failures and not result.unclean()
 
 
 def _amend_failed(

@@ -17,8 +17,9 @@ from ups import jsonio
 from ups.config import Config
 from ups.config.schema import DistributedConfig
 from ups.grace import shutdown_timeout_s
-from ups.rundir import RunChoice, choose_run
+from ups.rundir import RunChoice, ScriptRuns, choose_run
 from ups.runid import run_id_problem
+from ups.workload import checkpoint_dir_problem
 
 TRAINER_MODULE = "ups.train.main"
 """The bundled trainer; torchrun starts it as ``python -m ups.train.main CONFIG``."""
@@ -45,6 +46,8 @@ class LaunchRequest:
     checkpoint_sync_url: str | None = None
     """A script's bucket (``s3://bucket/prefix``): its checkpoints go there and come back."""
     checkpoint_sync_endpoint: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    """A script's other outputs (globs relative to where it runs), brought home with the run."""
     nproc_per_node: int | None = None
     nnodes: int = 1
     node_rank: int = 0
@@ -92,7 +95,7 @@ class LaunchRequest:
         if self.run_id is not None and (problem := run_id_problem(self.run_id)):
             problems.append(f"--run-id: {problem}")
         if self.script is None and (
-            self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url
+            self.checkpoint_dir or self.stop_grace_s or self.checkpoint_sync_url or self.outputs
         ):
             problems.append("a checkpoint dir and stop grace are a script's; no --script was given")
         if self.script_args and self.script is None:
@@ -145,6 +148,10 @@ class LaunchPlan:
     checkpoint_sync_url: str | None
     """A script's bucket: launch uploads its checkpoints and restores the newest one."""
     checkpoint_sync_endpoint: str | None
+    workdir: str
+    """Where the workers run (a run file's workdir): a script's relative paths start here."""
+    script_outputs: list[str]
+    """A script's ``outputs`` globs, relative to ``workdir``."""
     max_restarts: int
     restart_backoff_s: float
     resume: dict[str, Any] | None
@@ -203,7 +210,10 @@ def _resolve_run_id(
             "pass --run-id ID (or set run.run_id / UPS_RUN_ID) on each node"
         )
     name = cfg.run.name if cfg else Path(req.script or "run").stem
-    return choose_run(output_dir, name, fixed, fresh=req.fresh)
+    script = None
+    if req.script is not None:
+        script = ScriptRuns(Path(req.checkpoint_dir) if req.checkpoint_dir else None)
+    return choose_run(output_dir, name, fixed, fresh=req.fresh, script=script)
 
 
 def _resolve_nproc(req: LaunchRequest, cfg: Config | None, gpu_count: int) -> tuple[int, str]:
@@ -242,11 +252,14 @@ def _worker_env(
     return env
 
 
-def _script_env(req: LaunchRequest, run_dir: Path) -> dict[str, str]:
-    """A script's checkpoint directory (``UPS_RESUME`` is set as each attempt starts)."""
+def _script_env(req: LaunchRequest, run_dir: Path, output_dir: Path) -> dict[str, str]:
+    """A script's checkpoint directory (``UPS_RESUME`` is set as each attempt starts).
+    Raises ValueError when it is where the script runs or holds ups's runs."""
     if req.script is None:
         return {}
     directory = Path(req.checkpoint_dir) if req.checkpoint_dir else run_dir / "checkpoints"
+    if problem := checkpoint_dir_problem(directory, Path.cwd(), output_dir):
+        raise ValueError(f"ups launch: {problem}")
     return {"UPS_CHECKPOINT_DIR": str(directory.absolute())}
 
 
@@ -268,6 +281,7 @@ def build_plan(
     choice = _resolve_run_id(req, cfg, output_dir, environ)
     run_id = choice.run_id
     run_dir = output_dir / run_id
+    script_env = _script_env(req, run_dir, output_dir)
     nproc, nproc_source = _resolve_nproc(req, cfg, gpu_count)
 
     preferred = req.master_port or (cfg.distributed.master_port if cfg else DEFAULT_MASTER_PORT)
@@ -302,7 +316,7 @@ def build_plan(
         port_note=port_note,
         port_fixed=req.rdzv_endpoint is not None,
         torchrun_argv=torchrun_argv,
-        env=_worker_env(run_id, str(run_dir), gpu_count, environ) | _script_env(req, run_dir),
+        env=_worker_env(run_id, str(run_dir), gpu_count, environ) | script_env,
         preflight=not (req.skip_preflight or req.preflight_passed_by),
         preflight_passed_by=req.preflight_passed_by,
         preflight_strict=req.preflight_strict,
@@ -312,6 +326,8 @@ def build_plan(
         stop_grace_s=grace,
         checkpoint_sync_url=req.checkpoint_sync_url,
         checkpoint_sync_endpoint=req.checkpoint_sync_endpoint,
+        workdir=str(Path.cwd()),
+        script_outputs=list(req.outputs),
         max_restarts=dcfg.max_restarts if req.max_restarts is None else req.max_restarts,
         restart_backoff_s=dcfg.restart_backoff_s,
         resume=asdict(choice.resume) if choice.resume else None,

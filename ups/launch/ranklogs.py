@@ -161,3 +161,17 @@ def printed_exception(stderr: list[str]) -> str | None:
         if line.strip() and not line[0].isspace():
             return line.strip()[:300]
     return None
+
+
+def last_words(stderr: list[str]) -> str | None:
+    """What a rank said last on stderr: its exception's ``Type: message`` when it printed a
+    traceback (``Fatal Python error: Aborted`` when it aborted), else its last line."""
+    exception = printed_exception(stderr)
+    if exception is not None:
+        return exception
+    lines = [_RANK_PREFIX.sub("", line, count=1).strip() for line in stderr]
+    fatal = [line for line in lines if line.startswith("Fatal Python error:")]
+    if fatal:
+        return fatal[-1][:300]
+    said = [line for line in lines if line]
+    return said[-1][:300] if said else None

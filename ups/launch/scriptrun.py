@@ -15,14 +15,16 @@ uploaded as it appears.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from ups import ckpt
+from ups import ckpt, jsonio
 from ups.bucket import Bucket, BucketError
 from ups.bucket.checkpoints import fetch_script_checkpoint, newest_script_checkpoint
-from ups.bucket.uploader import Uploader
+from ups.bucket.uploader import OUTPUTS_FILE, Uploader
+from ups.fsio import atomic_write_text
 from ups.launch.plan import LaunchPlan
 from ups.log import get_logger
 
@@ -127,3 +129,38 @@ def newest(plan: LaunchPlan) -> str | None:
     directory = checkpoint_dir(plan)
     found = ckpt.latest(directory) if directory is not None else None
     return str(found) if found else None
+
+
+def record_outputs(plan: LaunchPlan) -> dict[str, Any] | None:
+    """Write ``<run dir>/script-outputs.json``: the script's files that live outside the run
+    directory (its ``checkpoint_dir`` elsewhere, what its ``outputs`` globs match now), as
+    paths relative to its workdir (absolute when outside it). ``fab fetch`` and the
+    bucket's last pass read it to bring them home. None for the trainer."""
+    directory = checkpoint_dir(plan)
+    if directory is None:
+        return None
+    workdir, run_dir = Path(plan.workdir).resolve(), Path(plan.run_dir).resolve()
+    found = [directory] if directory.exists() else []
+    missing = []
+    for pattern in plan.script_outputs:
+        matched = sorted(Path(plan.workdir).glob(pattern))
+        found += matched
+        if not matched:
+            missing.append(pattern)
+    kept: list[Path] = []
+    for path in sorted({p.resolve() for p in found}):
+        if path == run_dir or run_dir in path.parents:
+            continue  # in the run directory: it comes home with it
+        if any(k == path or k in path.parents for k in kept):
+            continue  # inside a directory already listed
+        kept.append(path)
+    record = {
+        "workdir": str(workdir),
+        "paths": [os.path.relpath(p, workdir) if workdir in p.parents else str(p) for p in kept],
+        "missing": missing,
+    }
+    try:
+        atomic_write_text(run_dir / OUTPUTS_FILE, jsonio.dumps(record, indent=2) + "\n")
+    except OSError as exc:  # a full disk: the outputs stay on the host, and it says so
+        log.warning("outputs_not_recorded", error=str(exc), path=str(run_dir / OUTPUTS_FILE))
+    return record

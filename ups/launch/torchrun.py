@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from ups.fsio import atomic_write_text
 from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
 from ups.launch.procs import RssSampler, sweep
-from ups.launch.ranklogs import RankLogs, printed_exception
+from ups.launch.ranklogs import RankLogs, last_words, printed_exception
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -54,6 +55,32 @@ class WorkerFailure:
 
 
 @dataclass(kw_only=True, slots=True)
+class WorkerExit:
+    """How one worker of this node ended, read from the process itself (whatever torchrun
+    listed as failed): its exit code, or the signal that ended it."""
+
+    rank: int
+    local_rank: int
+    exitcode: int
+    """The process's return code: negative for a signal (-15: SIGTERM)."""
+    signal: str | None
+    pid: int | None = None
+    last_line: str | None = None
+    """What it printed last on stderr: its exception's line when it printed a traceback."""
+
+    @property
+    def clean(self) -> bool:
+        """Exited by itself with 0, or 75 (the trainer's "preempted", a script's too)."""
+        return self.exitcode in (0, EXIT_PREEMPTED)
+
+    def describe(self) -> str:
+        """``rank 1 exited with code 3`` / ``rank 0 died of SIGKILL``."""
+        if self.signal:
+            return f"rank {self.rank} died of {self.signal}"
+        return f"rank {self.rank} exited with code {self.exitcode}"
+
+
+@dataclass(kw_only=True, slots=True)
 class TorchrunResult:
     rc: int
     """The torchrun child's exit code (0, 1, or 128 + signum)."""
@@ -68,6 +95,24 @@ class TorchrunResult:
     """The last phase a worker announced (``phase`` events), or torchrun_start."""
     peak_rss: dict[int, int] = field(default_factory=dict)
     """Sampled peak resident memory per rank, in bytes."""
+    workers: list[WorkerExit] = field(default_factory=list)
+    """Every worker this node started, by rank, as it really ended (``WorkerWatch`` in
+    :mod:`ups.launch.torchrun_child`); empty when none started."""
+    stopped_at: float | None = None
+    """When ``ups launch`` received the stop (``time.time()``), with ``received_signal``."""
+    store_keys: tuple[int, int] | None = None
+    """Keys in the rendezvous store when the workers started and once they had all exited
+    0 (before the agents' exit barrier); None when not known."""
+
+    def unclean(self) -> list[WorkerExit]:
+        """The workers that did not exit 0 (or 75) by themselves, lowest rank first."""
+        return [w for w in self.workers if not w.clean]
+
+    @property
+    def store_untouched(self) -> bool:
+        """The workers ran and exited 0 without writing one key to the rendezvous store:
+        they formed no process group (every backend's ranks meet through that store)."""
+        return self.store_keys is not None and self.store_keys[1] == self.store_keys[0]
 
     def failure_of(self, rank: int) -> WorkerFailure | None:
         return next((f for f in self.failures if f.rank == rank), None)
@@ -138,12 +183,25 @@ def _read_result(path: Path, rc: int) -> TorchrunResult:
         )
         for rank, f in data.get("failures", {}).items()
     ]
+    workers = [
+        WorkerExit(
+            rank=int(rank),
+            local_rank=w["local_rank"],
+            exitcode=w["exitcode"],
+            signal=w["signal"],
+            pid=w.get("pid"),
+        )
+        for rank, w in (data.get("workers") or {}).items()
+    ]
+    keys = data.get("store_keys")
     return TorchrunResult(
         rc=rc,
         status=data.get("status", "error"),
         failures=sorted(failures, key=lambda f: f.rank),
         signal=data.get("signal"),
         error=data.get("error"),
+        workers=sorted(workers, key=lambda w: w.rank),
+        store_keys=(keys["at_start"], keys["at_end"]) if keys else None,
     )
 
 
@@ -169,9 +227,23 @@ def handling_stop_signals(
             signal.signal(s, h)
 
 
+def stop_announcement(plan: LaunchPlan | None, name: str) -> str:
+    """What a stop asks of whom: ups's trainer stops at a step and saves; a script is only
+    sent SIGTERM, and what it does then is its own (docs/script.md)."""
+    if plan is None or plan.script is None:
+        return f"{received(name)}: the workers stop at the next step and save a checkpoint"
+    return (
+        f"{received(name)}: SIGTERM sent to the script's ranks; they have "
+        f"{plan.stop_grace_s} s (stop_grace_s) to save and exit"
+    )
+
+
 @contextmanager
 def _forward_signals(
-    proc: subprocess.Popen[bytes], state: dict[str, str], request: Path
+    proc: subprocess.Popen[bytes],
+    state: dict[str, str],
+    request: Path,
+    plan: LaunchPlan | None = None,
 ) -> Iterator[None]:
     """SIGTERM/SIGINT/SIGHUP here -> one SIGTERM to torchrun, which stops the workers.
 
@@ -206,11 +278,12 @@ def _forward_signals(
             )
             return
         state["signal"] = name
+        state["stopped_at"] = repr(time.time())
         with suppress(OSError):  # a full disk: the workers then say SIGTERM, nothing worse
             atomic_write_text(request, name + "\n")
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-        text = f"{received(name)}: the workers stop at the next step and save a checkpoint"
+        text = stop_announcement(plan, name)
         lines.put(
             (
                 "stop_signal_received",
@@ -279,7 +352,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     )
     assert proc.stdout is not None
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
-    with _forward_signals(proc, state, request), RssSampler() as sampler, rank_logs:
+    with _forward_signals(proc, state, request, plan), RssSampler() as sampler, rank_logs:
         reader.start()
         rc = proc.wait()
     request.unlink(missing_ok=True)
@@ -293,8 +366,12 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     if plan.script is not None and rank_logs.started.is_set() and result.phase == "torchrun_start":
         result.phase = SCRIPT_PHASE
     result.peak_rss = dict(sampler.peak_rss)
+    if "stopped_at" in state:
+        result.stopped_at = float(state["stopped_at"])
     for failure in result.failures:
         failure.printed = printed_exception(list(rank_logs.stderr_tail.get(failure.local_rank, ())))
+    for worker in result.workers:
+        worker.last_line = last_words(list(rank_logs.stderr_tail.get(worker.local_rank, ())))
     return result
 
 

@@ -72,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip", action="append", default=[], metavar="NAMES", help="skip these checks/groups"
     )
     p.add_argument("--shm-path", type=Path, default=Path("/dev/shm"), help="shared memory to check")
-    p.add_argument("--pins", type=Path, dest="pins_path", help="pins.toml (default: repo's)")
+    p.add_argument(
+        "--pins",
+        type=Path,
+        dest="pins_path",
+        help="pins.toml (default: $UPS_PINS, ./pins.toml, else the one ups ships)",
+    )
     p.add_argument(
         "--min-busbw",
         type=float,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, TextIO
 
 from ups.deploy.errors import UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec
 from ups.deploy.request import OPTIONS, DeployRequest, given
 from ups.deploy.transport.remote import RemoteRun
@@ -103,9 +104,10 @@ class HostKind(Protocol):
 def no_down(spec: HostSpec) -> UsageError:
     """`fab down` on a kind that holds nothing to end."""
     return UsageError(
-        f"host {spec.name!r} is kind {spec.kind}: `fab down` ends what ups holds for an "
+        f"host {spec.name!r} is kind {spec.kind}: {command('down')} ends what ups holds for an "
         "entry (the Vast instances it rented, the Slurm job it queued), and a "
-        f"{spec.kind} host is yours. Stop a run on it with `fab stop --host {spec.name}`."
+        f"{spec.kind} host is yours. Stop a run on it with "
+        f"{command('stop', '--host', spec.name)}."
     )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec
 from ups.deploy.kinds.container import KIND as CONTAINER
 from ups.deploy.kinds.container import own
@@ -51,9 +52,11 @@ class Group:
             "workload": "a script runs on one container host so far; deploy it with --host NAME.",
             "fresh": "a job on several hosts always starts a new run unless --run names one. "
             "Leave out --fresh.",
-            "sync_wheel": "install the wheel on each host first with `fab deploy --host NAME "
-            "--sync-wheel WHEEL --detach` (one host at a time), or rebuild the image they run.",
-            "save": "`fab fetch --host HOSTS` brings every node's logs home after the run.",
+            "sync_wheel": "install the wheel on each host first with "
+            f"{command('deploy', '--host NAME --sync-wheel WHEEL --detach')} (one host at a "
+            "time), or rebuild the image they run.",
+            "save": f"{command('fetch', '--host HOSTS')} brings every node's logs home after "
+            "the run.",
         }
     )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TextIO
 
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec, SlurmHost, get_host
 from ups.deploy.onhost import slurm as on_slurm
 from ups.deploy.onhost.plan import (
@@ -174,8 +175,8 @@ class Slurm:
             "sync_wheel": "install the wheel into the cluster's ups environment (on the shared "
             "filesystem) from the login node, or point `remote_env` at an environment that "
             "has it.",
-            "save": "`fab fetch --host NAME` copies the run directory (every node's logs) "
-            "after the run.",
+            "save": f"{command('fetch', '--host NAME')} copies the run directory (every "
+            "node's logs) after the run.",
         }
     )
 

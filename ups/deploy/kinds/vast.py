@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from ups.deploy import kinds
 from ups.deploy.errors import UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec, VastHost, get_host
 from ups.deploy.request import DeployRequest
 from ups.deploy.transport import remote as rc
@@ -95,8 +96,9 @@ def entry(host: str, hosts_file: str | None) -> VastHost:
     spec, _known = get_host(host, hosts_file)
     if not isinstance(spec, VastHost):
         raise UsageError(
-            f"host {host!r} is kind {kinds.of(spec).name}, not vast: `fab instances` and "
-            "`fab down` manage Vast instances that ups created. Pass a `kind: vast` entry."
+            f"host {host!r} is kind {kinds.of(spec).name}, not vast: {command('instances')} "
+            f"and {command('down')} manage Vast instances that ups created. Pass a `kind: vast` "
+            "entry."
         )
     return spec
 

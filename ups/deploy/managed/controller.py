@@ -24,6 +24,7 @@ import psutil
 
 from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import VastHost
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
@@ -397,8 +398,8 @@ class Keeper:
             else f"No checkpoint of it was synced to {self.run_dir}"
         )
         again = (
-            f"`fab deploy --host {self.spec.name} --run {self.run_id}` continues it from "
-            "there (it uploads the newest checkpoint)."
+            f"{command('deploy', '--host', self.spec.name, '--run', self.run_id)} continues "
+            "it from there (it uploads the newest checkpoint)."
         )
         if self.recoveries >= self.spec.max_recoveries:
             raise RecoveriesExhausted(

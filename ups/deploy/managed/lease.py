@@ -71,6 +71,9 @@ read-then-write round trip of a rival, so two cannot both keep it."""
 STOP_SIGNAL = signal.SIGUSR2
 """What the renewal thread of a lease taken with ``stop_main`` sends the main thread once
 the lease is lost (SIGUSR1 is the trainer's stack dump)."""
+DETACHING = "detaching"
+"""The lease mode of a ``--detach`` deploy while it rents and starts the run: short-lived,
+it hands the run to ``ups supervise`` (``following`` and ``detached`` supervise it)."""
 EXIT_SUPERVISED = 20
 """Another live supervisor holds the run's lease; nothing was done."""
 EXIT_LEASE_LOST = 21
@@ -128,7 +131,26 @@ class Holder:
 
     def describe(self) -> str:
         started = time.strftime("%H:%M:%S UTC", time.gmtime(self.since))
+        if self.mode == DETACHING:
+            return (
+                f"detached deploy pid {self.pid} on {self.host} (since {started}), which "
+                "hands the run to a background supervisor (`ups supervise`, another pid) once "
+                "the run has started"
+            )
         return f"{self.mode} supervisor pid {self.pid} on {self.host} (since {started})"
+
+    def how_to_end(self) -> str:
+        """What ends this holder: a supervisor is killed (its instance ends per on_exit);
+        a detaching deploy is waited for (its supervisor is the one to end afterwards)."""
+        if self.mode == DETACHING:
+            return (
+                "or wait for that deploy to finish and end its supervisor then (`fab "
+                "instances` names it)"
+            )
+        return (
+            f"or end that supervisor first (`kill {self.pid}` on {self.host} ends its "
+            "instance per on_exit)"
+        )
 
 
 def _process(pid: int) -> tuple[float | None, bool]:
@@ -250,15 +272,14 @@ class Lease:
         atomic_write_text(self.run_dir / LEASE_FILE, jsonio.dumps(asdict(self._mine())) + "\n")
 
     def take(self, follow_hint: str) -> None:
-        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint`` is
-        the command that watches the run instead)."""
+        """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint``: the
+        command that watches the run instead, as :func:`ups.deploy.frontend.command` writes)."""
 
         def refuse(held: Holder) -> LeaseHeld:
             return LeaseHeld(
                 f"run {self.run_id} is already supervised by the {held.describe()}; "
-                f"two supervisors would both recover it. Follow it with `{follow_hint}`, "
-                f"or end that supervisor first (`kill {held.pid}` on {held.host} ends its "
-                "instance per on_exit)."
+                f"two supervisors would both recover it. Follow it with {follow_hint}, "
+                f"{held.how_to_end()}."
             )
 
         with _locked(self.run_dir):

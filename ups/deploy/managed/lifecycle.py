@@ -20,6 +20,7 @@ import paramiko
 
 from ups.backoff import VAST_DESTROY, VAST_RUNNING, VAST_SSH
 from ups.deploy.errors import DeployError, HostKeyChanged
+from ups.deploy.frontend import command
 from ups.deploy.managed.faults import HostFault, UserFault
 from ups.deploy.managed.rental_plan import VastPlan, container_spec
 from ups.deploy.onhost.fetch import fetch as fetch_run
@@ -271,10 +272,14 @@ class Lifecycle:
                 except DeployError as err:
                     problems.append(
                         f"could NOT {on_exit} instance {instance_id}: {err} It may still be "
-                        f"billing: run `fab down --host {self.plan.spec.name} --run "
-                        f"{self.plan.run_id}` or destroy it at https://cloud.vast.ai/instances/."
+                        f"billing: run {self._down()} or destroy it at "
+                        "https://cloud.vast.ai/instances/."
                     )
         return problems
+
+    def _down(self) -> str:
+        """The command that destroys this run's instance."""
+        return command("down", "--host", self.plan.spec.name, "--run", self.plan.run_id)
 
     def end(self, instance_id: int, on_exit: str, reason: str) -> None:
         """End one instance per ``on_exit`` (destroy, stop, keep) and say so with its cost."""
@@ -283,8 +288,7 @@ class Lifecycle:
         if on_exit == "keep":
             self.say(
                 f"KEPT instance {instance_id} ({self.plan.label}) running ({reason}){cost}; "
-                f"it bills until `fab down --host {self.plan.spec.name} --run "
-                f"{self.plan.run_id}`."
+                f"it bills until {self._down()}."
             )
             return
         if inst is None:

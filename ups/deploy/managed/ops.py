@@ -16,6 +16,7 @@ from ups.bucket import Bucket, BucketError
 from ups.console.format import render_line
 from ups.deploy import providers
 from ups.deploy.errors import DeployError, HostGone, UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import ContainerHost, VastHost, get_host
 from ups.deploy.managed import background, lease
 from ups.deploy.managed import record as supervision
@@ -76,7 +77,12 @@ class VastDeploy:
     mode: str
 
     def choose_run(self) -> None:
-        """Nothing to decide on a host: the run's record says which run continues."""
+        """Nothing to decide on a host: the run's record says which run continues, and
+        which instance it trains on (the plan then says it is picked up, not rented)."""
+        state = supervision.load(self.plan.local_runs / self.plan.run_id)
+        current = state.current() if state is not None and not state.ended else None
+        if current is not None:
+            self.plan = dataclasses.replace(self.plan, picks_up=current.instance_id)
 
     def render(self) -> str:
         return self.plan.render()
@@ -113,8 +119,9 @@ class VastDeploy:
 
         mirror_to = bucket_state.mirror(bucket, plan.run_id, say) if bucket else None
         sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
-        held = lease.Lease(run_dir, plan.run_id, self.mode, bucket, say=say, stop_main=True)
-        held.take(follow_hint=f"fab logs --host {spec.name} --run {plan.run_id}")
+        mode = lease.DETACHING if detach else self.mode  # a detached deploy only starts it
+        held = lease.Lease(run_dir, plan.run_id, mode, bucket, say=say, stop_main=True)
+        held.take(follow_hint=command("logs", "--host", spec.name, "--run", plan.run_id))
         sup.fence = held.check
         try:
             if not known and bucket is not None:
@@ -146,7 +153,7 @@ class VastDeploy:
             out.write(
                 f"supervisor pid {pid} follows run {plan.run_id} in the background (log "
                 f"{run_dir / background.LOG}): it syncs checkpoints and recovers the run if the "
-                f"instance is lost. `fab instances --host {spec.name}` shows it.\n"
+                f"instance is lost. {command('instances', '--host', spec.name)} shows it.\n"
             )
         return code
 
@@ -373,8 +380,8 @@ def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
     if not running:
         what = f"run {run_id}" if run_id else f"host {spec.name!r}"
         raise HostGone(
-            f"no running Vast instance for {what}: `fab instances` lists what exists; "
-            f"`fab deploy --host {spec.name}` rents one.",
+            f"no running Vast instance for {what}: {command('instances')} lists what "
+            f"exists; {command('deploy', '--host', spec.name)} rents one.",
             replay=saved_log(run_id, spec) if run_id else None,
         )
     inst = min(running, key=lambda i: i.duration_s)
@@ -440,7 +447,7 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
     if state is None:
         raise UsageError(
             f"no supervised run {run_id!r} in {runs_dir} (no {supervision.FILE}). "
-            f"`fab deploy --host HOST --run {run_id} --detach` starts one."
+            f"{command('deploy', '--host HOST', '--run', run_id, '--detach')} starts one."
         )
     spec, known_hosts = get_host(state.host, state.hosts_file)
     if not isinstance(spec, VastHost):
@@ -458,6 +465,7 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
         hosts_file=state.hosts_file,
         mode="detached",
     )
+    deploy.choose_run()
     out.write(deploy.render() + "\n")
     out.flush()
     return deploy.run()

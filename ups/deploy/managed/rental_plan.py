@@ -63,6 +63,9 @@ class VastPlan:
     ranking: tuple[str, ...] = ()
     """``order: measured``: the best offers by expected $ per sample, the chosen first."""
     workload: ScriptWorkload | None = None
+    picks_up: int | None = None
+    """The instance the run's record says it trains on: a supervisor follows it when it
+    still runs, and rents ``offer`` only when it is gone."""
     """Your own script: each instance gets its workdir and setup as a container host does."""
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
@@ -181,9 +184,15 @@ class VastPlan:
         s = self.spec
         kind = f"interruptible, bid ${self.bid:.3f}/h" if self.bid is not None else "on demand"
         hours = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.deadline_epoch))
+        where = (
+            f"picks up its instance {self.picks_up} if it still runs; else a new Vast instance"
+            if self.picks_up is not None
+            else "on a new Vast instance"
+        )
+        if_new = "if new: " if self.picks_up is not None else ""
         lines = [
-            f"vast plan: run {self.run_id} on a new Vast instance ({s.name})",
-            f"  offer:    {self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
+            f"vast plan: run {self.run_id} {where} ({s.name})",
+            f"  offer:    {if_new}{self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
             f"cap ${s.max_price_per_hour:.3f}/h",
             f"  query:    {s.offer!r} ordered by {self.order_said()}",
             *(

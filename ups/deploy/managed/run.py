@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.frontend import command
 from ups.deploy.managed.acquire import rent
 from ups.deploy.managed.controller import Keeper, host_or_user
 from ups.deploy.managed.errors import Interrupted
@@ -58,7 +59,7 @@ def run(
         keeper.log.close()
         raise
     except KeyboardInterrupt as exc:
-        reason = f"interrupted ({exc or 'Ctrl-C'})"
+        reason = f"interrupted ({str(exc) or 'Ctrl-C'})"
         problems = _end_all(lifecycle, keeper, reason)
         raise Interrupted(
             f"{reason}: ended the instance per on_exit ({plan.spec.on_exit}) before exiting."
@@ -114,6 +115,7 @@ def _detached(
     keeper.legs.clear()
     lifecycle.say(
         f"instance {leg.instance_id} keeps running detached; its watchdog ends it at "
-        f"max_hours. `fab down --host {plan.spec.name} --run {plan.run_id}` ends it now."
+        f"max_hours. {command('down', '--host', plan.spec.name, '--run', plan.run_id)} ends "
+        "it now."
     )
     return code

@@ -1,6 +1,9 @@
 """``fab fetch``: copy everything a run wrote (checkpoints, outcome, logs, config, W&B files).
 
-One tar stream of the remote run directory, extracted with tarfile's ``data`` filter.
+One tar stream of the remote run directory, extracted with tarfile's ``data`` filter; for
+a script, a second one of what it wrote outside the run directory (its ``checkpoint_dir``,
+its ``outputs`` globs: the paths its ``script-outputs.json`` lists), into
+``DEST/<run id>/outputs/`` with the paths they have relative to the script's workdir.
 Links are not extracted as links: W&B offline writes ``logs/debug-core.log`` as a link
 to an absolute path under ``~/.cache/wandb``, which the data filter refuses (and a link
 leaving the directory is unsafe to recreate). For each link the target's content is
@@ -11,6 +14,7 @@ with a one-line note. Nothing in the archive can write outside ``DEST/<run id>``
 from __future__ import annotations
 
 import io
+import json
 import posixpath
 import stat
 import tarfile
@@ -21,6 +25,7 @@ from typing import Any
 
 from fabric import Connection
 
+from ups.bucket.uploader import OUTPUTS_FILE
 from ups.deploy.errors import DeployError
 from ups.deploy.onhost.runs import resolve_run
 from ups.deploy.transport import remote as rc
@@ -54,6 +59,8 @@ def fetch(target: Target, run_id: str | None, dest: Path, exclude: Sequence[str]
         parent = posixpath.dirname(found.run_dir)
         for name, link in got.links:
             got.notes.append(_copy_link_target(conn, parent, name, link, dest, got))
+        _fetch_outputs(target, conn, dest / found.run_id, got)
+        run(conn, rc.write_word_command(found.fetched_mark, found.run_id), target.spec)
     finally:
         conn.close()
     for note in got.notes:
@@ -65,14 +72,44 @@ def fetch(target: Target, run_id: str | None, dest: Path, exclude: Sequence[str]
     return 0
 
 
+def _fetch_outputs(target: Target, conn: Connection, home: Path, got: Fetched) -> None:
+    """A script's files outside its run directory, as its ``script-outputs.json`` (fetched
+    with the run directory) lists them, into ``home/outputs``."""
+    try:
+        record = json.loads((home / OUTPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        return  # the trainer's run, or a script run from before outputs were recorded
+    for pattern in record.get("missing", []):
+        got.notes.append(f"outputs: {pattern!r} matched nothing on the host")
+    paths = [p for p in record.get("paths", []) if p]
+    relative = [p for p in paths if not p.startswith("/")]
+    elsewhere = [p.lstrip("/") for p in paths if p.startswith("/")]
+    for base, names in ((record["workdir"], relative), ("/", elsewhere)):
+        if names:
+            command = rc.tar_paths_command(base, names)
+            outputs = _untar(target, conn, command, home / "outputs", None, None)
+            got.files += outputs.files
+            got.bytes += outputs.bytes
+            got.notes += outputs.notes
+            got.notes += [f"skipped link outputs/{n} -> {link}" for n, link in outputs.links]
+
+
 def _untar(
-    target: Target, conn: Connection, command: str, dest: Path, run_id: str, total: int | None
+    target: Target,
+    conn: Connection,
+    command: str,
+    dest: Path,
+    run_id: str | None,
+    total: int | None,
 ) -> Fetched:
+    """Extract the tar ``command`` streams into ``dest``: every member under ``run_id``
+    when given (a run directory), else anything the data filter lets in."""
     got = Fetched()
+    what = run_id or dest.name
 
     def keep(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
         parts = member.name.split("/")
-        if parts[0] != run_id or ".." in parts:
+        if (run_id is not None and parts[0] != run_id) or ".." in parts:
             got.notes.append(f"skipped {member.name!r}: outside the run directory")
             return None
         if member.issym():
@@ -89,13 +126,13 @@ def _untar(
     assert conn.transport is not None
     chan = conn.transport.open_session()
     chan.exec_command(command)
-    progress = Progress(f"fetch {run_id}", total, target.out)
+    progress = Progress(f"fetch {what}", total, target.out)
     with tarfile.open(fileobj=_CountingReader(chan.makefile("rb"), progress), mode="r|") as tar:
         tar.extractall(dest, filter=keep)
     progress.close()
     if chan.recv_exit_status() != 0:
         err = chan.makefile_stderr("rb").read().decode(errors="replace").strip()
-        raise DeployError(f"fetching {run_id} from {target.spec.name!r} failed: {err}")
+        raise DeployError(f"fetching {what} from {target.spec.name!r} failed: {err}")
     return got
 
 

@@ -73,5 +73,8 @@ def follow(
         summary += f"launcher exited {code} without writing outcome.json (see {found.state_dir})"
     target.say(summary)
     if code not in (0,) and found.deployed:
-        target.say(f"to continue it, run the same `fab deploy` again (or add --run {found.run_id})")
+        target.say(
+            "to continue it, run the same `fab deploy` (or `ups deploy`) again (or add "
+            f"--run {found.run_id})"
+        )
     return code

@@ -20,6 +20,7 @@ from fabric import Connection
 
 from ups.config import Config
 from ups.deploy.errors import DeployError
+from ups.deploy.frontend import command
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.fetch import fetch as fetch_one
 from ups.deploy.onhost.follow import follow
@@ -90,7 +91,9 @@ def deploy(targets: list[Target], plans: list[DeployPlan], *, env: dict[str, str
     hosts = [m.plan.host for m in members]
     job = dataclasses.replace(members[0].target, label="")  # the job's lines, no node prefix
     if not head.follow:
-        job.say(f"follow it with: fab logs --host {','.join(hosts)} --run {head.run_id}")
+        job.say(
+            f"follow it with: {command('logs', '--host', ','.join(hosts), '--run', head.run_id)}"
+        )
         return 0
     codes = run_all(
         [m.target for m in members],

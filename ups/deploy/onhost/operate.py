@@ -22,6 +22,7 @@ from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import Keys, NoCredentials
 from ups.bucket.scoped import Access, MintRefused, keys_for
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
+from ups.deploy.frontend import command
 from ups.deploy.onhost import workdir
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan, script_for
@@ -206,7 +207,7 @@ def deploy(
     finally:
         conn.close()
     if not plan.follow:
-        target.say(f"follow it with: fab logs --host {plan.host} --run {plan.run_id}")
+        target.say(f"follow it with: {command('logs', '--host', plan.host, '--run', plan.run_id)}")
         return 0
     return follow(target, plan.remote, mirror, offset=offset)
 
@@ -270,14 +271,13 @@ def stop(
         else:
             raise DeployError(
                 f"run {found.run_id} did not stop within {timeout_s:.0f} s; check "
-                f"`fab status --host {spec.name}`."
+                f"{command('status', '--host', spec.name)}."
             )
         code, outcome = read_result(conn, found, spec)
     finally:
         conn.close()
     if outcome is not None:
-        target.say(
-            f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; "
-            f"checkpoint {outcome.checkpoint}"
-        )
+        saved = f"checkpoint {outcome.checkpoint}" if outcome.checkpoint else "no checkpoint"
+        target.say(f"run {found.run_id}: {outcome.outcome} (exit {code}){outcome.at_step}; {saved}")
+        target.say(f"  {outcome.reason}")
     return 0 if outcome is not None and outcome.outcome in ("preempted", "finished") else 1

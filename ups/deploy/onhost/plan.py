@@ -141,8 +141,8 @@ def load_run_config(config: Path, overrides: Sequence[str]) -> Config:
         raise UsageError(str(err)) from None
     except ConfigError as err:
         raise UsageError(
-            f"{err}\nFrom fab deploy, override a key with `--set KEY=VALUE` (repeatable, "
-            "same as `ups launch --set`), e.g. `--set training.max_steps=100`."
+            f"{err}\nFrom fab deploy or ups deploy, override a key with `--set KEY=VALUE` "
+            "(repeatable, same as `ups launch --set`), e.g. `--set training.max_steps=100`."
         ) from None
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fabric import Connection
 
 from ups.deploy.errors import DeployError, UsageError
+from ups.deploy.frontend import command
 from ups.deploy.hosts import SshHost
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.transport import remote as rc
@@ -181,13 +182,13 @@ def settle(
         if state.alive:
             raise DeployError(
                 f"run {plan.run_id} is still running on {spec.name!r}. Follow it with "
-                f"`fab logs --host {spec.name} --run {plan.run_id}`, or stop it first with "
-                f"`fab stop --host {spec.name} --run {plan.run_id}`."
+                f"{command('logs', '--host', spec.name, '--run', plan.run_id)}, or stop it "
+                f"first with {command('stop', '--host', spec.name, '--run', plan.run_id)}."
             )
         if state.finished:
             raise UsageError(
                 f"run {plan.run_id} already finished on {spec.name!r}. Start a new run with "
-                "--fresh (or another --run ID); `fab fetch` copies the finished one."
+                f"--fresh (or another --run ID); {command('fetch')} copies the finished one."
             )
     last = state.outcome
     ended = (

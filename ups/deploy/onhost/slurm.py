@@ -17,6 +17,7 @@ from fabric import Connection
 
 from ups import jsonio
 from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.frontend import command
 from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
@@ -56,7 +57,9 @@ class JobState:
     def words(self) -> str:
         if self.pending:
             where = f"position {self.position or '?'} in the queue"
-            return f"job {self.job_id} pending ({self.reason}), {where}"
+            # Slurm says "None" for a job it has not looked at yet (just submitted).
+            why = f" ({self.reason})" if self.reason not in ("", "None", "(null)") else ""
+            return f"job {self.job_id} pending{why}, {where}"
         if self.state == "RUNNING":
             return f"job {self.job_id} running on {self.nodes}"
         return f"job {self.job_id} {self.state.lower() or 'no longer known to Slurm'}"
@@ -146,7 +149,7 @@ def deploy(
     finally:
         conn.close()
     if not plan.follow:
-        target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
+        target.say(f"follow it with: {command('logs', '--host', spec.name, '--run', plan.run_id)}")
         return 0
     code = follow(target, plan.remote, offset=offset)
     return report_end(target, spec, plan.remote, code)
@@ -160,8 +163,8 @@ def _refuse_queued(conn: Connection, spec: SlurmHost, plan: DeployPlan) -> None:
     if state.queued:
         raise DeployError(
             f"run {plan.run_id} is still in the queue on {spec.name!r} ({state.words()}). "
-            f"Follow it with `fab logs --host {spec.name} --run {plan.run_id}`, or stop it "
-            f"first with `fab stop --host {spec.name} --run {plan.run_id}`."
+            f"Follow it with {command('logs', '--host', spec.name, '--run', plan.run_id)}, or "
+            f"stop it first with {command('stop', '--host', spec.name, '--run', plan.run_id)}."
         )
 
 
@@ -217,6 +220,8 @@ def report_end(target: Target, spec: SlurmHost, found: rc.RemoteRun, code: int) 
         reports = run(conn, sl.preflight_reports_command(found), spec).stdout
         starts = [line.split() for line in attempts.splitlines() if len(line.split()) > 1]
         job_id = starts[-1][1] if starts else ""
+        # The run's earlier jobs (a stopped run deployed again) are not this job's starts.
+        starts = [words for words in starts if words[1] == job_id]
         sacct = run(conn, sl.sacct_command(job_id), spec).stdout if job_id.isdigit() else ""
     finally:
         conn.close()

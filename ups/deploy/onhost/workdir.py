@@ -2,7 +2,8 @@
 
 The files sent are git's view of the workdir (tracked, plus untracked ones ``.gitignore``
 does not ignore; every file when it is no git checkout, minus the root ``.gitignore``'s
-patterns), plus the run file's ``include``, minus its ``exclude`` (gitignore patterns).
+patterns) without ups's own ``.ups/`` and ``runs/``, plus the run file's ``include``, minus
+its ``exclude`` (gitignore patterns).
 The host keeps what it received in ``.ups-sync.json``; the next deploy sends only the
 files whose SHA-256 differs, as one gzip'd tar, and deletes the files gone here.
 """
@@ -12,22 +13,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import posixpath
 import shlex
-import subprocess
 import tarfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pathspec
 from fabric import Connection
 
 from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target, run, write_text
+from ups.workfiles import files_to_send, left_behind
 from ups.workload import ScriptWorkload
+
+__all__ = ["files_to_send", "left_behind", "manifest", "sync"]
 
 Manifest = dict[str, list[str | int]]
 """Relative POSIX path -> [size, sha256]."""
@@ -39,46 +39,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _walk(root: Path) -> Iterable[str]:
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".git"]
-        for name in filenames:
-            yield (Path(dirpath) / name).relative_to(root).as_posix()
-
-
-def _git_files(root: Path) -> list[str] | None:
-    """git's view of ``root`` (tracked + not ignored), or None outside a git checkout."""
-    try:
-        listed = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "-z", "-co", "--exclude-standard", "."],
-            capture_output=True,
-            check=True,
-            timeout=60,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [p for p in listed.decode().split("\0") if p]
-
-
-def _patterns(lines: Iterable[str]) -> pathspec.GitIgnoreSpec:
-    return pathspec.GitIgnoreSpec.from_lines(lines)
-
-
-def files_to_send(workload: ScriptWorkload) -> list[str]:
-    """The workdir's files that go to the host, sorted (relative POSIX paths)."""
-    root = workload.workdir
-    everything = sorted(_walk(root))
-    chosen = _git_files(root)
-    if chosen is None:
-        ignore = root / ".gitignore"
-        ignored = _patterns(ignore.read_text().splitlines() if ignore.is_file() else [])
-        chosen = [p for p in everything if not ignored.match_file(p)]
-    included = _patterns(workload.include)
-    excluded = _patterns(workload.exclude)
-    picked = set(chosen) | {p for p in everything if included.match_file(p)}
-    return sorted(p for p in picked if (root / p).is_file() and not excluded.match_file(p))
 
 
 def manifest(workload: ScriptWorkload) -> Manifest:

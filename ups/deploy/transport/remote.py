@@ -67,6 +67,12 @@ class RemoteRun:
         return self.state("exit")
 
     @property
+    def fetched_mark(self) -> str:
+        """Written by ``fab fetch`` once the run came home: ``ups dev-host down`` asks
+        before deleting a run without it, or one that changed after it."""
+        return self.state("fetched")
+
+    @property
     def done_files(self) -> list[str]:
         """The file whose appearance means the log is complete.
 
@@ -204,6 +210,12 @@ def tar_run_command(run: RemoteRun, exclude: Sequence[str] = ()) -> str:
     parent, name = posixpath.split(run.run_dir)
     skip = [f"--exclude={posixpath.join(name, path)}" for path in exclude]
     return argv("tar", "-C", parent, *skip, "-cf", "-", name)
+
+
+def tar_paths_command(base: str, paths: Sequence[str]) -> str:
+    """Stream ``paths`` (relative to ``base``) as a tar on stdout; one that is gone is left
+    out rather than failing the rest (for ``fetch``: a script's outputs)."""
+    return argv("tar", "-C", base, "--ignore-failed-read", "-cf", "-", "--", *paths)
 
 
 def write_word_command(path: str, word: str) -> str:

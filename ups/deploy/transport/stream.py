@@ -22,6 +22,7 @@ import paramiko
 
 from ups.backoff import LOG_STREAM
 from ups.deploy.errors import DeployError
+from ups.deploy.frontend import command
 from ups.deploy.transport.remote import catch_up_command, follow_command
 from ups.log import get_logger
 
@@ -119,7 +120,7 @@ class LogFollower:
                     raise DeployError(
                         f"lost the connection for {self.give_up_after_s:.0f} s while following "
                         f"{self.path} (last error: {err}). The run keeps going remotely; "
-                        f"re-attach with `fab logs --host HOST --run RUN`."
+                        f"re-attach with {command('logs', '--host HOST --run RUN')}."
                     ) from None
                 backoff = next(delays)
                 self._log.warning(

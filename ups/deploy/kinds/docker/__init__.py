@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import TextIO
 
 from ups.deploy import kinds
+from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, DockerHost, HostSpec
 from ups.deploy.kinds.docker import commands
 from ups.deploy.kinds.docker.compose import DockerDeploy, build_docker_plan
@@ -42,8 +43,8 @@ class Docker:
             "in the config file and deploy again.",
             "sync_wheel": "a docker host runs the image: rebuild it (scripts/build-images.sh) and "
             "deploy again; only the layers that changed are sent.",
-            "save": "follow the run with `fab logs --host NAME --save FILE`, which writes the raw "
-            "log while it streams.",
+            "save": f"follow the run with {command('logs', '--host NAME --save FILE')}, which "
+            "writes the raw log while it streams.",
         }
     )
 

@@ -17,6 +17,7 @@ from fabric import Connection
 
 from ups.config import Config
 from ups.deploy.errors import DeployError, PreflightFailed
+from ups.deploy.frontend import command
 from ups.deploy.hosts import DockerHost
 from ups.deploy.kinds.docker import commands
 from ups.deploy.onhost.follow import follow
@@ -185,7 +186,9 @@ class DockerDeploy:
         finally:
             conn.close()
         if not plan.follow:
-            target.say(f"follow it with: fab logs --host {spec.name} --run {plan.run_id}")
+            target.say(
+                f"follow it with: {command('logs', '--host', spec.name, '--run', plan.run_id)}"
+            )
             return 0
         return follow(target, plan.remote, offset=offset)
 

@@ -23,6 +23,7 @@ from tenacity import (
 )
 
 from ups.backoff import VAST_API, VAST_DESTROY, Policy
+from ups.deploy.frontend import command
 from ups.deploy.providers import OfferTaken, ProviderApiError
 from ups.deploy.providers.vast.errors import VastApiError
 from ups.retry import api_retryable
@@ -150,8 +151,8 @@ class VastApi:
             text = (
                 f"the Vast API failed to {what} (HTTP {status}, a server error): "
                 f"{detail}. This is Vast's side, not your request: wait a few minutes (see "
-                "https://status.vast.ai) and run the command again; `fab instances` shows "
-                "whether anything was left running."
+                f"https://status.vast.ai) and run the command again; {command('instances')} "
+                "shows whether anything was left running."
             )
         elif status == 400:
             text = (
