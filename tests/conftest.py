@@ -174,12 +174,13 @@ def uninterrupted_run(factory: pytest.TempPathFactory, config: Path) -> Path:
     """The run directory of ``config`` trained without interruption under torchrun: the
     reference a resumed or repaired run must equal. Made once per test run for each config
     and shared by every test that compares with it (the output directory, run id, W&B,
-    ``keep_last`` and ports aside, which do not change what is computed)."""
+    ``keep_last``, uploads and ports aside, which do not change what is computed)."""
     cfg = yaml.safe_load(config.read_text())
     for section, key in (("run", "output_dir"), ("run", "run_id"), ("checkpoint", "keep_last"),
                          ("distributed", "master_port")):  # fmt: skip
         cfg.get(section, {}).pop(key, None)
-    cfg.pop("wandb", None)
+    for section in ("wandb", "checkpoint_sync"):
+        cfg.pop(section, None)
     key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
 
     def train(root: Path) -> None:
