@@ -258,6 +258,34 @@ def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None
     return path
 
 
+def demo_reference(factory: pytest.TempPathFactory, config: Path, demo_data: Path) -> Path:
+    """The run directory of the demo ``config`` trained uninterrupted here, with
+    `ups launch --skip-preflight` (the ranks of ``distributed.nproc_per_node`` on this
+    machine): what a run stopped, requeued or moved between hosts must end equal to. Made
+    once per test run for each config and shared by every test that compares with it (the
+    master port aside, which does not change what is computed)."""
+    import hashlib
+    import json
+
+    cfg = yaml.safe_load(config.read_text())
+    del cfg["distributed"]["master_port"]
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+    def launch(ref: Path) -> None:
+        from tests.conftest import worker_env
+        from tests.launch_helpers import launch_cmd
+
+        (ref / "data").mkdir()
+        (ref / "data" / "demo").symlink_to(demo_data)
+        done = subprocess.run(
+            launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref,
+            env=worker_env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:]
+
+    return made_once_per_run(factory, f"demo-reference-{key}", launch) / "runs" / "ref"
+
+
 def paused_at(step: int, ranks: int = 2) -> list[dict[str, Any]]:
     """Faults (config ``faults``) that hold every rank, asleep, at ``step`` until the run is
     stopped (kind ``pause``): a run stopped from outside (`fab stop`, the Vast watchdog)
