@@ -85,17 +85,20 @@ background slurm --after docker bash scripts/slurm-setup.sh install
 background cxx --after slurm cxx
 
 report() {
-    local name seconds state
+    local name seconds state keep=0
     echo "== report"
+    if [ -e "$UPS_BACKGROUND_DIR/slowest.txt" ]; then cat "$UPS_BACKGROUND_DIR/slowest.txt"; fi
     for line in "${phases[@]}"; do echo "$line"; done
     for pidfile in "$UPS_BACKGROUND_DIR"/*.pid; do
         name=$(basename "$pidfile" .pid)
         if [ -e "$UPS_BACKGROUND_DIR/$name.rc" ]; then
             seconds=$(cat "$UPS_BACKGROUND_DIR/$name.s")
             state="exit $(cat "$UPS_BACKGROUND_DIR/$name.rc")"
+            [ "$state" = "exit 0" ] || { keep=1; state="$state (log $UPS_BACKGROUND_DIR/$name.log)"; }
         else
             seconds=$((SECONDS - started))
             state="still running; it ends on its own (log $UPS_BACKGROUND_DIR/$name.log)"
+            keep=1
         fi
         printf '%-44s %5d s  %s\n' "background $name" "$seconds" "$state"
     done
@@ -105,6 +108,7 @@ report() {
     times >"$UPS_BACKGROUND_DIR/times"  # a builtin's redirect: no subshell, the children's line
     tail -n 1 "$UPS_BACKGROUND_DIR/times" \
         | awk '{print "CPU of the processes it waited for (user, system): " $1 ", " $2}'
+    [ "$keep" = 1 ] || rm -rf "$UPS_BACKGROUND_DIR"  # the logs stay only when one is needed
 }
 trap report EXIT
 

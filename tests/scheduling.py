@@ -22,7 +22,8 @@ seconds from being asked for to its end, as ``scripts/test.sh::background[NAME]`
 
 At the end of a run the terminal summary lists the slowest tests, each with its seconds
 and the CPU seconds of its own processes (the test, its torchrun ranks, sshd sessions;
-not containers, whose processes the engine starts).
+not containers, whose processes the engine starts); scripts/test.sh prints them in its
+closing report.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.background import expected_ready_s, needs, took_s
+from tests.background import expected_ready_s, job_dir, needs, took_s
 
 DURATIONS = Path(__file__).with_name("durations.json")
 UNKNOWN_S = 30.0
@@ -178,19 +179,31 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _cpu[nodeid] = float(value)
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if hasattr(terminalreporter.config, "workerinput") or not _measured:
-        return
+def slowest_lines() -> list[str]:
+    """The slowest tests, one line each (seconds, CPU seconds, test), then the sum."""
     slowest = sorted(_measured.items(), key=lambda kv: -kv[1])[:SLOWEST]
-    terminalreporter.section(f"the {len(slowest)} slowest tests (s; CPU s of their processes)")
+    lines = [f"the {len(slowest)} slowest tests (s; CPU s of their processes, containers aside)"]
     for nodeid, seconds in slowest:
         cpu = f"{_cpu[nodeid]:7.1f}" if nodeid in _cpu else "      ?"
-        terminalreporter.write_line(f"{seconds:7.1f} {cpu}  {nodeid}")
+        lines.append(f"{seconds:7.1f} {cpu}  {nodeid}")
     total, cpu_total = sum(_measured.values()), sum(_cpu.values())
-    terminalreporter.write_line(
-        f"{total:7.1f} {cpu_total:7.1f}  all {len(_measured)} tests together (containers' "
-        "CPU not counted)"
-    )
+    lines.append(f"{total:7.1f} {cpu_total:7.1f}  all {len(_measured)} tests together")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest tests, at the end of the output; under scripts/test.sh in its closing
+    report instead (a file in its background directory), after pytest's own summary."""
+    if hasattr(terminalreporter.config, "workerinput") or not _measured:
+        return
+    lines = slowest_lines()
+    jobs = job_dir()
+    if jobs is not None and jobs.is_dir():
+        (jobs / "slowest.txt").write_text("\n".join(lines) + "\n")
+        return
+    terminalreporter.section(lines[0])
+    for line in lines[1:]:
+        terminalreporter.write_line(line)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
