@@ -92,40 +92,50 @@ def _tail(log: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def _epoch(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def took_s() -> dict[str, float]:
-    """Seconds from asking for each job that succeeded to its end (waiting for the job it
-    runs after included): what tests/durations.json keeps for the next run's order."""
+    """For each job that succeeded and was still running when pytest started: seconds from
+    asking for it to its end (waiting for the job it runs after included), what
+    tests/durations.json keeps for the next run's order. A job that had ended by then (the
+    machine had what it installs) says nothing about a fresh machine, so it is left out."""
     root = job_dir()
-    if root is None:
+    pytest_started = _epoch(root / "pytest.started") if root else None
+    if root is None or pytest_started is None:
         return {}
     took = {}
-    for ended in root.glob("*.ended"):
-        name = ended.name.removesuffix(".ended")
-        try:
-            if (root / f"{name}.rc").read_text().strip() == "0":
-                took[name] = float(ended.read_text()) - float(
-                    (root / f"{name}.started").read_text()
-                )
-        except (OSError, ValueError):
-            continue
+    for ended_file in root.glob("*.ended"):
+        name = ended_file.name.removesuffix(".ended")
+        asked, ended = _epoch(root / f"{name}.started"), _epoch(ended_file)
+        rc = _epoch(root / f"{name}.rc")
+        if rc == 0 and asked is not None and ended is not None and ended > pytest_started:
+            took[name] = ended - asked
     return took
 
 
 def expected_ready_s(name: str, last_seconds: dict[str, float]) -> float:
-    """Seconds after pytest started that job ``name`` should end: when it was asked for plus
-    what that took last time (``last_seconds``, from tests/durations.json), less when
-    pytest started. The same in every xdist worker (only files written before pytest started are
-    read), so every worker orders the tests alike. 0 when no such job runs."""
+    """Seconds after pytest started that job ``name`` should end: 0 when it had ended by
+    then, else when it was asked for plus what that took last time (``last_seconds``, from
+    tests/durations.json; :data:`UNKNOWN_JOB_S` without a record), less when pytest
+    started. The same in every xdist worker (a job that ended after pytest started counts
+    as running, whether or not a worker saw it end), so every worker orders the tests
+    alike. 0 when no such job runs."""
     root = job_dir()
     if root is None:
         return 0.0
-    try:
-        started = float((root / f"{name}.started").read_text())
-        pytest_started = float((root / "pytest.started").read_text())
-    except (OSError, ValueError):
+    asked, pytest_started = _epoch(root / f"{name}.started"), _epoch(root / "pytest.started")
+    if asked is None or pytest_started is None:
+        return 0.0
+    ended = _epoch(root / f"{name}.ended")
+    if ended is not None and ended <= pytest_started:
         return 0.0
     took = last_seconds.get(name, UNKNOWN_JOB_S)
-    return max(0.0, started + took - pytest_started)
+    return max(0.0, asked + took - pytest_started)
 
 
 UNKNOWN_JOB_S = 180.0

@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from tests.background import await_background, expected_ready_s, needs, took_s
+from tests.background import (
+    UNKNOWN_JOB_S,
+    await_background,
+    expected_ready_s,
+    needs,
+    took_s,
+)
 
 
 def _job(root: Path, name: str, *, started: float, ended: float | None, rc: int | None) -> None:
@@ -56,15 +62,21 @@ def test_a_job_still_running_is_waited_for_up_to_the_timeout(
 def test_seconds_kept_and_expected_readiness(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Kept for next time: from asking for a job to its end, for jobs that succeeded. Expected
-    next time: when it was asked for plus that, from pytest's start (never below 0)."""
+    """Kept for next time: from asking for a job to its end, for jobs that succeeded while
+    pytest ran (one done before pytest started installed nothing worth timing). Expected:
+    0 for a job done before pytest started, else when it was asked for plus its record
+    (or the default), from pytest's start."""
     monkeypatch.setenv("UPS_BACKGROUND_DIR", str(tmp_path))
-    _job(tmp_path, "sshd", started=100, ended=130, rc=0)
-    _job(tmp_path, "slurm", started=100, ended=190, rc=1)
-    assert took_s() == {"sshd": 30.0}
     (tmp_path / "pytest.started").write_text("160\n")
-    assert expected_ready_s("slurm", {"slurm": 150.0}) == 90.0
-    assert expected_ready_s("sshd", {"sshd": 30.0}) == 0.0
+    _job(tmp_path, "sshd", started=100, ended=130, rc=0)  # done before pytest started
+    _job(tmp_path, "docker", started=100, ended=250, rc=0)
+    _job(tmp_path, "slurm", started=100, ended=190, rc=1)
+    _job(tmp_path, "ups-image", started=100, ended=None, rc=None)
+    assert took_s() == {"docker": 150.0}
+    assert expected_ready_s("sshd", {"sshd": 300.0}) == 0.0
+    assert expected_ready_s("docker", {"docker": 150.0}) == 90.0  # ended since: still "running"
+    assert expected_ready_s("ups-image", {}) == 100 + UNKNOWN_JOB_S - 160
+    assert expected_ready_s("no-such-job", {}) == 0.0
 
 
 @dataclass
