@@ -16,9 +16,11 @@ workers' count: each worker, when free, takes the longest unit that can start by
 and only when none can, the one that can start first.
 
 ``pytest --store-durations`` (``make test-durations``) updates the file from the run it
-ends: each test's setup, call and teardown summed, rounded to a tenth of a second; tests
-the run did not measure keep their entry while their file exists; each background job's
-seconds from being asked for to its end, as ``scripts/test.sh::background[NAME]``.
+ends: each test's setup, call and teardown summed, rounded to a tenth of a second; the
+entries of files the run did not measure stay while the file exists (those of a file it
+measured are replaced: a renamed test leaves no stale entry); each background job's
+seconds from being asked for to its end, as ``scripts/test.sh::background[NAME]``, when
+the run waited for it.
 
 At the end of a run the terminal summary lists the slowest tests, each with its seconds
 and the CPU seconds of its own processes (the test, its torchrun ranks, sshd sessions;
@@ -210,7 +212,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if not config.getoption("store_durations") or hasattr(config, "workerinput"):
         return  # the controller (or a run without xdist) writes it, once
-    merged = _known()
+    measured_files = {k.split("::")[0] for k in _measured}
+    merged = {  # a test gone from a file this run measured is gone (renamed or merged)
+        k: v for k, v in _known().items() if k.split("::")[0] not in measured_files
+    }
     merged.update({k: round(v, 1) for k, v in _measured.items()})
     merged.update({JOB_KEY.format(name): round(s, 1) for name, s in took_s().items()})
     root = Path(str(config.rootpath))
