@@ -1,4 +1,4 @@
-# The two set-up commands (README): `make demo` and `make test`.
+# The two set-up commands (README, docs/get-started.md): `make demo` and `make test`.
 # Both build .venv themselves from PyPI and the local CPU torch wheel.
 PY ?= python3.11
 VENV := .venv
@@ -22,9 +22,9 @@ demo: $(STAMP)
 	$(BIN)/ups demo
 	@echo
 	@echo "ups is installed in $(VENV)/bin: run \`source $(VENV)/bin/activate\` in each new shell"
-	@echo "to put ups, ups-preflight and fab on PATH (README: After make demo)."
+	@echo "to put ups, ups-preflight and fab on PATH (docs/get-started.md: After make demo)."
 
-# A loopback SSH host to try `fab deploy` on (README: Try deploy on this machine first).
+# A loopback SSH host to try `fab deploy` on (docs/deploy.md: Try deploy on this machine first).
 try-deploy: $(STAMP)
 	$(BIN)/ups dev-host up
 

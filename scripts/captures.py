@@ -315,12 +315,13 @@ def stop_differences(quoted_text: str, console: str) -> list[str]:
 
 PREFLIGHT_WIDTH = 100
 PREFLIGHT_COMMAND = "ups preflight --config configs/demo.yaml --skip allreduce"
-"""The README's command (the block after `make demo`); tests/test_newcomer_readme.py runs it."""
+"""The command of docs/get-started.md's block after `make demo`; tests/test_newcomer_readme.py
+runs it."""
 FOOTER = re.compile(r"^preflight (?:NOT )?OK: .* in ([\d.]+) s$", re.M)
 
 
 def make_preflight() -> Made:
-    """The README's preflight command in tmux, 100 columns, and the sentence that counts
+    """That preflight command in tmux, 100 columns, and the sentence that counts
     its rows."""
     command = f"{PREFLIGHT_COMMAND} --master-port {_free_port()}"
     with Pane(PREFLIGHT_WIDTH) as pane:

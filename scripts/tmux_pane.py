@@ -1,4 +1,4 @@
-"""A private tmux server for the README captures: run a command as a person would, in a
+"""A private tmux server for the docs' captures: run a command as a person would, in a
 terminal of a given width, and read back what it drew (``tmux capture-pane``), without
 colours or the live redraws of progress lines.
 

@@ -138,7 +138,7 @@ def test_bad_overrides_name_their_key(tmp_path: Path, override: str, expected: s
 
 
 def _readme_case(root: Path, advection: Path) -> Path:
-    """configs/x.yaml under ``root`` as the README's config-error example has it: the demo
+    """configs/x.yaml under ``root`` as the docs' config-error example has it: the demo
     config with ``batch_size: 0``, ``epochs`` misspelt and Darcy's file missing."""
     demo = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     demo["training"]["batch_size"] = 0
@@ -159,7 +159,7 @@ def test_the_readme_config_error_is_what_ups_launch_prints(
 ) -> None:
     """`ups launch configs/x.yaml` with a schema error, a misspelt key and a missing data
     file reports all three in one paragraph (the typo with the key it meant), exit 2, no
-    run directory: exactly the README's example, which this keeps true."""
+    run directory: exactly the docs' example, which this keeps true."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(tiny_data["advection"], tmp_path / "advection.h5")
     _readme_case(tmp_path, Path("advection.h5"))

@@ -1,4 +1,4 @@
-"""`ups dev-host up` gives a real loopback SSH host that the README's deploy commands work on;
+"""`ups dev-host up` gives a real loopback SSH host that the docs' deploy commands work on;
 `ups dev-host down` leaves nothing behind (no sshd, no run, no directory)."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_dev_host_deploy_round_trip_then_down_leaves_nothing(
     try:
         env["UPS_HOSTS_FILE"] = str(hosts_file.resolve())
         sets = [
-            # The demo config itself (292 steps), so its resumed end is the README's numbers;
+            # The demo config itself (292 steps), so its resumed end is the docs' numbers;
             # these keys change when things are logged and saved, not what is computed.
             "--set", "checkpoint.every_steps=10", "--set", "training.log_every=5",
             "--set", f"distributed.master_port={free_port()}",
@@ -110,7 +110,7 @@ def test_dev_host_deploy_round_trip_then_down_leaves_nothing(
         fetched = REPO / "runs" / run_id
         outcome = json.loads((fetched / "outcome.json").read_text())
         assert outcome["outcome"] == "finished" and outcome["resumed_from"], outcome
-        # The README's demo capture and prose quote what the demo config gives here.
+        # The docs' demo capture and prose quote what the demo config gives here.
         differences = captures().check("demo", json.dumps(outcome["metrics"]))
         assert differences == [], f"{differences}: run `.venv/bin/python scripts/captures.py demo`"
 

@@ -1,7 +1,8 @@
-"""The README's Docker commands, exactly as written, in a fresh clone with a root-owned runs/.
+"""The Docker commands of docs/docker.md, exactly as written, in a fresh clone with a
+root-owned runs/.
 
-The commands are read from the README's Docker section (the CPU lines), so the test and
-the README cannot drift apart. They run with ``bash -c`` in a ``git clone`` of this
+The commands are read from the page's "On Docker" section (the CPU lines), so the test and
+the page cannot drift apart. They run with ``bash -c`` in a ``git clone`` of this
 repository. Only environment variables the compose files document change between runs
 (``UPS_CONFIG`` for a short run, ``UPS_USER``, ``UPS_WANDB_KEY_FILE``); the command
 text never does. Each run gets its own ``UPS_RUN_ID``, which names its compose project
@@ -41,12 +42,12 @@ CPU_COMPOSE = "docker compose -f docker-compose.yml -f docker/compose.cpu.yml"
 
 
 def readme_docker_commands() -> dict[str, str]:
-    """The CPU commands of the README's Docker section: build, synth and up."""
-    text = (ROOT / "README.md").read_text()
+    """The CPU commands of docs/docker.md's "On Docker" section: build, synth and up."""
+    text = (ROOT / "docs" / "docker.md").read_text()
     section = text[text.index("## On Docker") :]
     section = section[: section.index("\n## ")]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block, "the README's Docker section has no bash block"
+    assert block, "docs/docker.md's On Docker section has no bash block"
     found = {}
     for line in block.group(1).splitlines():
         command = re.sub(r"\s+#.*$", "", line).strip()
@@ -80,7 +81,7 @@ class Clone:
         return {**base, "UPS_RUN_ID": run_id, "UPS_IMAGE_CPU": self.image, **env}
 
     def start(self, name: str, env: dict[str, str]) -> subprocess.Popen[str]:
-        """Start one README command verbatim in the clone; stdout and stderr together."""
+        """Start one documented command verbatim in the clone; stdout and stderr together."""
         return subprocess.Popen(
             ["bash", "-c", self.commands[name]],
             cwd=self.root,
@@ -91,7 +92,7 @@ class Clone:
         )
 
     def compose(self, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-        """``docker compose`` with the README's CPU files in the clone, under ``env``."""
+        """``docker compose`` with the docs' CPU files in the clone, under ``env``."""
         return subprocess.run(
             ["bash", "-c", " ".join([CPU_COMPOSE, *args])],
             cwd=self.root,
@@ -102,7 +103,7 @@ class Clone:
         )
 
     def run(self, name: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess[str]:
-        """Run one README command verbatim in the clone, then take its project down."""
+        """Run one documented command verbatim in the clone, then take its project down."""
         full = self.env(**env)
         proc = self.start(name, full)
         try:
@@ -136,7 +137,7 @@ class Clone:
 @pytest.fixture(scope="module")
 def clone(ups_image: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clone]:
     """A fresh clone whose runs/ is root's (as Docker or `sudo make demo` leaves it), with the
-    README's build and demo-data commands already run in it."""
+    docs' build and demo-data commands already run in it."""
     root = tmp_path_factory.mktemp("readme") / "ups"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(root)], check=True, timeout=120)
     (root / "runs").mkdir()
@@ -191,7 +192,7 @@ class Beside:
 def beside(clone: Clone, ups_image: str) -> Iterator[Beside]:
     """One scenario, checked by the tests below. runs/ belongs to uid 1000 and cache/ is an
     empty root-owned directory (what the engine creates for a missing mount). Two runs are
-    held mid-training (a pause at step 2); then the README's `compose up` of a good run
+    held mid-training (a pause at step 2); then the docs' `compose up` of a good run
     (with a root-only 0600 W&B key file, UPS_WANDB_KEY_FILE) and of a bad one (an exception
     at step 3) run side by side to their ends; then `compose stop train-ddp` with one held
     run's UPS_RUN_ID, then the other's. Then a probe container of the good run's project
@@ -292,7 +293,7 @@ entrypoint handed it over, and whether any process's argv carries the key."""
 def test_readme_up_runs_beside_other_runs_and_exits_with_its_own_code(
     clone: Clone, beside: Beside
 ) -> None:
-    """Runs on one engine are independent. With two runs held mid-training, the README's
+    """Runs on one engine are independent. With two runs held mid-training, the docs'
     `compose up` of a good and a bad run side by side each go to their end: the preflight
     report first, then exit 0 `finished` and exit 1 `failed`; the bad run's abort touches
     neither held run. Then `compose stop train-ddp` with one held run's UPS_RUN_ID ends

@@ -194,9 +194,9 @@ def test_ctrl_c_is_named_sigint_with_one_step_number(
     table = re.search(r"steps +│ (\d+)/(\d+), 0 skipped", seen)
     assert progress and table, seen[-3000:]
     assert progress[-1] == table.groups() and int(table[1]) == step, (progress[-3:], table[0])
-    # The README's Ctrl-C capture tells the same story (scripts/captures.py stop makes it).
+    # The docs' Ctrl-C capture tells the same story (scripts/captures.py stop makes it).
     assert captures().check("stop", seen) == [], (
-        "the README's Ctrl-C capture is not what ups prints: "
+        "the docs' Ctrl-C capture is not what ups prints: "
         "run `.venv/bin/python scripts/captures.py stop`"
     )
     for rank in (0, 1):

@@ -68,9 +68,9 @@ def test_stop_grace_drives_torchrun_compose_and_fab_stop() -> None:
 
 
 def test_the_retry_table_is_documented_where_users_read() -> None:
-    """README.md and docs/launch.md show the retry table exactly as the code defines it."""
+    """docs/runbook.md and docs/launch.md show the retry table exactly as the code defines it."""
     table = table_markdown()
-    for doc in ("README.md", "docs/launch.md"):
+    for doc in ("docs/runbook.md", "docs/launch.md"):
         assert table in (REPO / doc).read_text(), f"{doc} lacks the current retry table"
 
 

@@ -1,8 +1,8 @@
-"""The README's compose commands for people: `docker compose run` gives the container a
+"""The docs' compose commands for people: `docker compose run` gives the container a
 terminal when the caller has one, so ups renders the preflight table, the progress line
 and the evaluation and outcome tables; piped, the same commands print JSON lines.
 
-Runs the real image on the real engine, with a short config (the README's commands with
+Runs the real image on the real engine, with a short config (the docs' commands with
 the documented UPS_CONFIG / UPS_*_DIR variables), under a project name of its own.
 """
 
@@ -32,8 +32,8 @@ __all__ = ["demo_data"]  # fixture used by name below
 
 
 def readme_people_commands() -> list[str]:
-    """The `run` commands of the README's "On a terminal" compose block, in order."""
-    text = (REPO / "README.md").read_text()
+    """The `run` commands of docs/docker.md's "On a terminal" compose block, in order."""
+    text = (REPO / "docs" / "docker.md").read_text()
     block = text.split("<!-- compose-for-people -->", 1)[1].split("```bash\n", 1)[1]
     return [line.split("  #")[0].strip() for line in block.split("```")[0].splitlines() if line]
 

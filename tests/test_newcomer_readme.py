@@ -1,7 +1,7 @@
-"""The README's first commands after `make demo` work as written, in a new shell.
+"""The first commands after `make demo` (docs/get-started.md) work as written, in a new shell.
 
-The commands are parsed from README.md (the block under "After `make demo`"), so the
-test fails when the README drifts from what works.
+The commands are parsed from docs/get-started.md (the block under "After `make demo`"), so
+the test fails when the page drifts from what works.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ __all__ = ["demo_data"]  # fixture used by name below
 def readme_after_demo_block() -> list[str]:
     """The commands of the first ```bash block under the "After `make demo`" heading,
     comments removed, in order."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "get-started.md").read_text()
     heading = text.index("### After `make demo`")
     block = re.search(r"```bash\n(.*?)```", text[heading:], re.S)
-    assert block, "README: no ```bash block under 'After `make demo`'"
+    assert block, "docs/get-started.md: no ```bash block under 'After `make demo`'"
     commands = []
     for line in block.group(1).splitlines():
         command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
@@ -62,7 +62,7 @@ def _workspace(tmp_path: Path, data: Path) -> Path:
     (work / ".venv").symlink_to(VENV_BIN.parent)
     # configs/ copied, demo.yaml with a free master port: the other tests on this machine
     # launch runs on the default 29500 meanwhile (a user's machine does not), and the
-    # README's preflight fails on a taken master port.
+    # page's preflight fails on a taken master port.
     shutil.copytree(REPO / "configs", work / "configs")
     demo = work / "configs" / "demo.yaml"
     cfg = yaml.safe_load(demo.read_text())
@@ -75,8 +75,9 @@ def _workspace(tmp_path: Path, data: Path) -> Path:
 
 @pytest.mark.slow
 def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_path: Path) -> None:
-    """`source .venv/bin/activate` then the next three README commands, each exit 0 with the
-    output the README describes; without the activation the first one is not found."""
+    """`source .venv/bin/activate` then the next three commands of docs/get-started.md, each
+    exit 0 with the output the page describes; without the activation the first one is not
+    found."""
     commands = readme_after_demo_block()[:4]
     work = _workspace(tmp_path, demo_data)
     env = _new_shell_env()
@@ -97,11 +98,11 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
     data_check, preflight, plan = outputs
     assert data_check.count('"data_ok"') == 2, data_check  # both demo tasks
     assert "preflight OK" in preflight, preflight
-    # The README's preflight capture is this command's table, numbers aside.
+    # The preflight capture (docs/preflight.md) is this command's table, numbers aside.
     capture = captures()
     assert commands[2] == capture.PREFLIGHT_COMMAND
     assert capture.check("preflight", preflight) == [], (
-        "the README's preflight capture is not what ups prints: "
+        "the docs' preflight capture is not what ups prints: "
         "run `.venv/bin/python scripts/captures.py preflight`"
     )
     assert '"nproc_per_node"' in plan or "torchrun" in plan, plan
@@ -118,7 +119,7 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
 
 
 def test_the_preflight_capture_check_ignores_numbers_and_wrapping_but_not_words() -> None:
-    """The check above passes the README's capture unwrapped with other numbers (another
+    """The check above passes the docs' capture unwrapped with other numbers (another
     machine, port, second), and fails on a changed message, status or row."""
     capture = captures()
     table = capture.quoted("preflight")

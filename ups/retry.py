@@ -113,7 +113,7 @@ def retry_verdict(outcome: Outcome | None, exit_code: int | None = None) -> tupl
 
 
 def table_markdown() -> str:
-    """The table as it appears in README.md and docs/launch.md (a test keeps them equal)."""
+    """The table as it appears in docs/runbook.md and docs/launch.md (a test keeps them equal)."""
     lines = ["| cause | resumed | exit code | meaning |", "|---|---|---|---|"]
     for r in RETRY_TABLE:
         codes = ", ".join(map(str, r.exit_codes)) or "see outcome.json"

@@ -19,7 +19,7 @@ FilePath = Annotated[Path, Field(strict=False)]
 """A path; YAML gives strings, so this one field type is read leniently."""
 
 Layout = Literal["single_1d", "darcy_2d", "groups_2d"]
-"""PDEBench file layouts (README.md, Data).
+"""PDEBench file layouts (docs/trainer.md, Data).
 
 - ``single_1d``: ``tensor`` (N, T, X) with ``x-coordinate`` and ``t-coordinate``
   (advection, Burgers). A sample is one frame; the target is the next frame.
