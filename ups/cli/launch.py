@@ -268,19 +268,26 @@ def main(argv: list[str]) -> int:
         )
         # Every problem the config check can see (the schema's, a missing data file, a
         # file that does not match its layout, a missing cache directory) is a config error
-        # now, all in one report, before a run directory exists or `latest` moves;
-        # preflight is for what needs the host probed.
+        # now, all in one report, before a run directory exists or `latest` moves; then
+        # what the workers would refuse on this host (fp16 without CUDA, FSDP on a torch
+        # without it, a patch that does not divide a grid), in their words. Preflight is
+        # for what needs the host probed.
+        gpus = _gpu_count()
         cfg: Config | None = None
         if req.config_path is not None:
+            from ups.config.faults import with_env_faults
             from ups.data.layouts import inspect_task  # h5py, not torch
+            from ups.train.startcheck import start_problems
 
             cfg = load_config(req.config_path, req.overrides, check_data=inspect_task)
+            _, problems = start_problems(with_env_faults(cfg, os.environ), cuda=gpus > 0)
+            if problems:
+                raise ConfigError(req.config_path, problems)
         from ups.launch.ports import reserve_port
         from ups.preflight import select_checks
 
         select_checks([], req.preflight_skip)  # unknown check names: a flag error, now
 
-        gpus = _gpu_count()
         plan = build_plan(req, cfg, gpu_count=gpus, pick_port=reserve_port)
     except (ConfigError, WorkloadError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
