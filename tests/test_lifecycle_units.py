@@ -24,7 +24,7 @@ from ups.launch.oom import MemorySnapshot, explain_sigkill, snapshot
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.launch.tee import LineTee
 from ups.outcome import Outcome, read_outcome, write_outcome
-from ups.retry import RETRY_TABLE, retry_verdict, table_markdown
+from ups.retry import RETRY_TABLE, resume_hint, retry_verdict, table_markdown
 from ups.rundir import LAUNCH_PID, choose_run, mark_latest, record_launch
 from ups.train.resume import ResumeRefused, check_resume, remapped_step
 
@@ -93,6 +93,24 @@ def test_retry_verdicts() -> None:
     assert not retry_verdict(_failed(None, code=65))[0]
     assert not retry_verdict(Outcome(run_id="r", outcome="finished", exit_code=0, reason=""))[0]
     assert len({r.cause for r in RETRY_TABLE}) == len(RETRY_TABLE)
+
+
+def test_resume_hint_says_slurm_brings_the_job_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside Slurm a stopped run goes on with the same command (a script hears what it
+    gets as UPS_RESUME); in a Slurm job (SLURM_JOB_ID, which the ranks inherit) the requeue
+    brings it back by itself, for the trainer and a script alike."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert resume_hint() == "run the same command again to continue from the last checkpoint"
+    assert resume_hint(script=True, checkpoint="ck/step_4") == (
+        "run the same command again: the script gets UPS_RESUME=ck/step_4"
+    )
+    assert resume_hint(script=True) == "run the same command again to start the script again"
+    monkeypatch.setenv("SLURM_JOB_ID", "17")
+    slurm = (
+        "a requeued Slurm job (slurm job 17) starts again by itself from here; after "
+        "`fab stop`, the same `fab deploy` continues it"
+    )
+    assert resume_hint() == resume_hint(script=True, checkpoint="ck/step_4") == slurm
 
 
 def _run_dir(out: Path, run_id: str, outcome: Outcome | None, ckpt: bool = True) -> Path:
