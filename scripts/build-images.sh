@@ -6,6 +6,7 @@
 #                                        # (needs a registry that has it)
 #   scripts/build-images.sh --gpu --push ghcr.io/you/ups:0.1.0   # build, tag, push
 #   scripts/build-images.sh --push 127.0.0.1:5000/ups:cpu        # the CPU image, pushed
+#   scripts/build-images.sh --push REGISTRY/ups:TAG --no-build   # push the image built before
 #   scripts/build-images.sh --gpu --build-args                   # print the build args only
 #   UPS_IMAGE_CPU=ups:test scripts/build-images.sh
 #
@@ -66,18 +67,23 @@ build() {  # build TAG BASE CUDA PYTHON TORCH_BUILD
     log "built $1 in $((SECONDS - start))s ($(docker image inspect -f '{{.Size}}' "$1") bytes)"
 }
 
-gpu=0 push="" args_only=0
+gpu=0 push="" args_only=0 no_build=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --gpu) gpu=1 ;;
         --push)
             [ $# -ge 2 ] || { log "--push needs an image reference: --push REGISTRY/ups:TAG"; exit 2; }
             push=$2; shift ;;
+        --no-build) no_build=1 ;;
         --build-args) args_only=1 ;;
-        *) log "unknown option $1 (use --gpu, --push REGISTRY/ups:TAG, --build-args)"; exit 2 ;;
+        *) log "unknown option $1 (use --gpu, --push REGISTRY/ups:TAG, --no-build, --build-args)"; exit 2 ;;
     esac
     shift
 done
+if [ "$no_build" = 1 ] && [ -z "$push" ]; then
+    log "--no-build only goes with --push REGISTRY/ups:TAG (it pushes the image built before)"
+    exit 2
+fi
 
 if [ "$args_only" = 1 ]; then  # KEY=VALUE lines, as docker/build-push-action's build-args
     printf '%s\n' "${common_args[@]}" | grep -E '^[A-Z_]+=' || true
@@ -93,9 +99,17 @@ fi
 
 if [ "$gpu" = 1 ]; then
     image=$IMAGE_GPU
-    build "$IMAGE_GPU" "$GPU_BASE" "$CUDA_VERSION" "$PYTHON_VERSION" cuda
 else
     image=$IMAGE_CPU
+fi
+if [ "$no_build" = 1 ]; then
+    if ! docker image inspect "$image" >/dev/null 2>&1; then
+        log "--no-build: there is no image $image to push; build it first (without --no-build)"
+        exit 1
+    fi
+elif [ "$gpu" = 1 ]; then
+    build "$IMAGE_GPU" "$GPU_BASE" "$CUDA_VERSION" "$PYTHON_VERSION" cuda
+else
     "$ROOT/docker/base-cpu.sh"
     build "$IMAGE_CPU" "$BASE_CPU" none "$CPU_PYTHON_VERSION" cpu
 fi

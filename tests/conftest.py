@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -79,6 +81,17 @@ def _fresh_logging() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _background_installs(request: pytest.FixtureRequest) -> None:
+    """Wait for the background installs this test needs (scripts/test.sh,
+    tests/background.py): its ``background`` marker's jobs and those its markers and
+    fixtures imply (``ssh``, ``docker``, ``ups_image``)."""
+    from tests.background import await_background, needs
+
+    for name in needs(request.node):
+        await_background(name)
+
+
+@pytest.fixture(autouse=True)
 def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test has its own ups state (host ledger, command log), never the user's."""
     monkeypatch.setenv("UPS_STATE_DIR", str(tmp_path / "ups-state"))
@@ -86,11 +99,63 @@ def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("data")
+    """The two tiny PDEBench files, written once per test run: the same paths in every xdist
+    worker, so a config naming them is the same config everywhere (:func:`uninterrupted_run`)."""
+
+    def write(root: Path) -> None:
+        write_advection(root / "1D_Advection_Sols_beta0.4.hdf5")
+        write_darcy(root / "2D_DarcyFlow_beta1.0_Train.hdf5")
+
+    root = made_once_per_run(tmp_path_factory, "tiny-data", write)
     return {
-        "advection": write_advection(root / "1D_Advection_Sols_beta0.4.hdf5"),
-        "darcy": write_darcy(root / "2D_DarcyFlow_beta1.0_Train.hdf5"),
+        "advection": root / "1D_Advection_Sols_beta0.4.hdf5",
+        "darcy": root / "2D_DarcyFlow_beta1.0_Train.hdf5",
     }
+
+
+def made_once_per_run(
+    factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
+) -> Path:
+    """``<run's temp dir>/NAME``, made by ``make(path)`` once per test run. The xdist workers
+    share the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to
+    take the lock makes it, the others wait and reuse it; a directory left half-made by a
+    killed worker is made again."""
+    from filelock import FileLock
+
+    base = factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    root = base / name
+    with FileLock(str(base / f"{name}.lock"), timeout=900):
+        if not (root / ".complete").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            make(root)
+            (root / ".complete").touch()
+    return root
+
+
+def tiny_config(output_dir: Path, data: dict[str, Path], **sections: Any) -> dict[str, Any]:
+    """The tiny two-task run config (what ``make_config`` writes); keyword sections override
+    the defaults, a dict section key by key."""
+    cfg: dict[str, Any] = {
+        "run": {"name": "t", "output_dir": str(output_dir), "seed": 0},
+        "tasks": [
+            {"name": "advection", "layout": "single_1d", "path": str(data["advection"])},
+            {"name": "darcy", "layout": "darcy_2d", "path": str(data["darcy"])},
+        ],
+        "model": {"latent_dim": 16, "depth": 1, "heads": 2, "patch_1d": 8, "patch_2d": 4},
+        "training": {"epochs": 1, "batch_size": 8, "log_every": 1, "lr": 3e-3},
+        "checkpoint": {"every_steps": 4, "keep_last": 3},
+        "distributed": {"init_timeout_s": 60, "collective_timeout_s": 30},
+        "wandb": {"mode": "offline"},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    return cfg
 
 
 @pytest.fixture
@@ -98,28 +163,34 @@ def make_config(tmp_path: Path, tiny_data: dict[str, Path]) -> Callable[..., Pat
     """Write a tiny two-task run config into tmp_path; keyword sections override defaults."""
 
     def make(**sections: Any) -> Path:
-        cfg: dict[str, Any] = {
-            "run": {"name": "t", "output_dir": str(tmp_path / "runs"), "seed": 0},
-            "tasks": [
-                {"name": "advection", "layout": "single_1d", "path": str(tiny_data["advection"])},
-                {"name": "darcy", "layout": "darcy_2d", "path": str(tiny_data["darcy"])},
-            ],
-            "model": {"latent_dim": 16, "depth": 1, "heads": 2, "patch_1d": 8, "patch_2d": 4},
-            "training": {"epochs": 1, "batch_size": 8, "log_every": 1, "lr": 3e-3},
-            "checkpoint": {"every_steps": 4, "keep_last": 3},
-            "distributed": {"init_timeout_s": 60, "collective_timeout_s": 30},
-            "wandb": {"mode": "offline"},
-        }
-        for key, value in sections.items():
-            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-                cfg[key] = {**cfg[key], **value}
-            else:
-                cfg[key] = value
         path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(cfg))
+        path.write_text(yaml.safe_dump(tiny_config(tmp_path / "runs", tiny_data, **sections)))
         return path
 
     return make
+
+
+def uninterrupted_run(factory: pytest.TempPathFactory, config: Path) -> Path:
+    """The run directory of ``config`` trained without interruption under torchrun: the
+    reference a resumed or repaired run must equal. Made once per test run for each config
+    and shared by every test that compares with it (the output directory, run id, W&B,
+    ``keep_last``, uploads and ports aside, which do not change what is computed)."""
+    cfg = yaml.safe_load(config.read_text())
+    for section, key in (("run", "output_dir"), ("run", "run_id"), ("checkpoint", "keep_last"),
+                         ("distributed", "master_port")):  # fmt: skip
+        cfg.get(section, {}).pop(key, None)
+    for section in ("wandb", "checkpoint_sync"):
+        cfg.pop(section, None)
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+    def train(root: Path) -> None:
+        cfg["run"]["output_dir"] = str(root / "runs")
+        cfg["wandb"] = {"mode": "disabled"}
+        (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+        done = torchrun(root / "config.yaml")
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return only_run_dir(made_once_per_run(factory, f"uninterrupted-{key}", train) / "runs")
 
 
 @dataclass

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import made_once_per_run
+
 REPO = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 VENV_BIN = Path(sys.executable).parent
@@ -102,36 +104,18 @@ class SshServer:
         return path
 
 
-def start_sshd(
-    root: Path,
-    host_key: Path | None = None,
-    port: int | None = None,
-    *,
-    address: str = "127.0.0.1",
-    netns: str | None = None,
-) -> SshServer:
-    """Start sshd on ``address:port`` (inside network namespace ``netns`` when given)."""
-    root.mkdir(parents=True, exist_ok=True)
-    if not Path(SSHD).exists():
-        pytest.skip("sshd missing: run scripts/sshd-setup.sh")
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-    client_key = root / "client_ed25519"
-    if not client_key.exists():
-        _keygen(client_key)
-    if host_key is None:
-        host_key = root / "host_ed25519"
-        _keygen(host_key)
-    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
-    port = port or free_port()
-    config = root / "sshd_config"
-    config.write_text(
+def write_sshd_config(
+    path: Path, *, port: int, address: str, host_key: Path, authorized_keys: Path
+) -> Path:
+    """An sshd_config for a test sshd: key logins only, as root, on ``address:port``."""
+    path.write_text(
         "\n".join(
             [
                 f"Port {port}",
                 f"ListenAddress {address}",
                 f"HostKey {host_key}",
-                f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                f"PidFile {root / 'sshd.pid'}",
+                f"AuthorizedKeysFile {authorized_keys}",
+                f"PidFile {path.parent / 'sshd.pid'}",
                 "PermitRootLogin prohibit-password",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
@@ -145,9 +129,57 @@ def start_sshd(
             ]
         )
     )
-    log = (root / "sshd.log").open("wb")
+    return path
+
+
+def spawn_sshd(
+    config: Path,
+    log: Path,
+    wrap: Callable[[list[str]], list[str]] = list,
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
+    """Start ``sshd -D -f CONFIG``, its output appended to ``log``: every sshd of the tests
+    starts here (``wrap`` puts a namespace or a shell around the command). It waits for
+    scripts/test.sh's sshd install and makes the privilege separation directory sshd
+    refuses to start without, so no test depends on another having made it."""
+    from tests.background import await_background
+
+    await_background("sshd")
+    if not Path(SSHD).exists():
+        pytest.skip("sshd missing: run scripts/sshd-setup.sh")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+    out = log.open("ab")
+    try:
+        argv = wrap([SSHD, "-D", "-e", "-f", str(config)])
+        return subprocess.Popen(argv, stdout=out, stderr=out, **popen)
+    finally:
+        out.close()
+
+
+def start_sshd(
+    root: Path,
+    host_key: Path | None = None,
+    port: int | None = None,
+    *,
+    address: str = "127.0.0.1",
+    netns: str | None = None,
+) -> SshServer:
+    """Start sshd on ``address:port`` (inside network namespace ``netns`` when given)."""
+    root.mkdir(parents=True, exist_ok=True)
+    client_key = root / "client_ed25519"
+    if not client_key.exists():
+        _keygen(client_key)
+    if host_key is None:
+        host_key = root / "host_ed25519"
+        _keygen(host_key)
+    (root / "authorized_keys").write_text((client_key.with_suffix(".pub")).read_text())
+    port = port or free_port()
+    config = write_sshd_config(
+        root / "sshd_config", port=port, address=address, host_key=host_key,
+        authorized_keys=root / "authorized_keys",
+    )  # fmt: skip
     prefix = ["ip", "netns", "exec", netns] if netns else []
-    proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+    proc = spawn_sshd(config, root / "sshd.log", wrap=lambda argv: [*prefix, *argv])
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -209,28 +241,6 @@ def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
     return made_once_per_run(factory, "demo-data", synth) / "demo"
 
 
-def made_once_per_run(
-    factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
-) -> Path:
-    """``<run's temp dir>/NAME``, made by ``make(path)`` once per test run. The xdist workers
-    share the run's temp dir (``pytest-N/``, each has ``popen-gwK/`` in it); the first to
-    take the lock makes it, the others wait and reuse it; a directory left half-made by a
-    killed worker is made again."""
-    from filelock import FileLock
-
-    base = factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
-    root = base / name
-    with FileLock(str(base / f"{name}.lock"), timeout=900):
-        if not (root / ".complete").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir()
-            make(root)
-            (root / ".complete").touch()
-    return root
-
-
 def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:
     """The repo's demo config, shortened to ``max_steps``, with data under ``data/demo``."""
     cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
@@ -246,6 +256,34 @@ def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None
         cfg[key] = value
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def demo_reference(factory: pytest.TempPathFactory, config: Path, demo_data: Path) -> Path:
+    """The run directory of the demo ``config`` trained uninterrupted here, with
+    `ups launch --skip-preflight` (the ranks of ``distributed.nproc_per_node`` on this
+    machine): what a run stopped, requeued or moved between hosts must end equal to. Made
+    once per test run for each config and shared by every test that compares with it (the
+    master port aside, which does not change what is computed)."""
+    import hashlib
+    import json
+
+    cfg = yaml.safe_load(config.read_text())
+    del cfg["distributed"]["master_port"]
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+
+    def launch(ref: Path) -> None:
+        from tests.conftest import worker_env
+        from tests.launch_helpers import launch_cmd
+
+        (ref / "data").mkdir()
+        (ref / "data" / "demo").symlink_to(demo_data)
+        done = subprocess.run(
+            launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref,
+            env=worker_env(), capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:]
+
+    return made_once_per_run(factory, f"demo-reference-{key}", launch) / "runs" / "ref"
 
 
 def paused_at(step: int, ranks: int = 2) -> list[dict[str, Any]]:

@@ -24,9 +24,15 @@ from typing import Any
 
 import pytest
 
-DOCKERD = shutil.which("dockerd") or (
-    "/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None
-)
+
+def dockerd() -> str | None:
+    """The dockerd binary, looked up when needed: scripts/test.sh may still be installing it
+    while the tests are collected."""
+    return shutil.which("dockerd") or (
+        "/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None
+    )
+
+
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT_IMAGE = os.environ.get("UPS_IMAGE_CPU", "ups:cpu")
 
@@ -36,9 +42,14 @@ def ensure_project_image() -> str:
     tree (scripts/build-images.sh), once per test run: xdist workers take a file lock, and
     the first one writes the run's id (``PYTEST_XDIST_TESTRUNUID``, the same in every
     worker) into a marker beside it; the others find it there and build nothing. Raises
-    pytest's failure with the script's output tail."""
+    pytest's failure with the script's output tail. Under scripts/test.sh the image was
+    built in the background (its job ``ups-image``): this waits for that build instead."""
     from filelock import FileLock
 
+    from tests.background import await_background
+
+    if await_background("docker") and await_background("ups-image"):
+        return PROJECT_IMAGE
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     key = hashlib.sha256(f"{ROOT}\0{PROJECT_IMAGE}".encode()).hexdigest()[:16]
     lock_dir = Path(tempfile.gettempdir())
@@ -84,11 +95,14 @@ class Engine:
 
 
 def start_engine(root: Path) -> Engine:
+    from tests.background import await_background
+
+    await_background("docker")  # dockerd is installed by scripts/docker-engine.sh
     root.mkdir(parents=True, exist_ok=True)
     log = (root / "dockerd.log").open("wb")
     proc = subprocess.Popen(
         [
-            str(DOCKERD),
+            str(dockerd()),
             "--data-root",
             str(root / "data"),
             "--exec-root",
@@ -136,7 +150,10 @@ def stop_engine(engine: Engine) -> None:
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[Engine, Engine]]:
     """(local, remote) private Docker engines, stopped after the module."""
-    if DOCKERD is None or os.geteuid() != 0:
+    from tests.background import await_background
+
+    await_background("docker")
+    if dockerd() is None or os.geteuid() != 0:
         pytest.fail("needs dockerd and root (scripts/docker-engine.sh installs dockerd)")
     base = Path(tempfile.mkdtemp(prefix="ups-dk-", dir="/tmp"))  # short: socket path limit
     local = start_engine(base / "local")

@@ -1,12 +1,10 @@
 """FAKE Vast REST API on 127.0.0.1, serving exactly the paths the real ``vastai`` SDK calls.
 
-Only Vast's control plane is fake. Each instance it creates is real: an sshd running as
-PID 1 of its own PID and mount namespace (``unshare``), with the instance's own disk
-bind-mounted over the hosts entry's workdir, ``CONTAINER_ID``/``CONTAINER_API_KEY`` in
-its init environment (as on Vast), and the onstart script run at boot. Its shell finds
-the ups installed in this checkout's .venv, the way a Vast instance runs the ups image.
-Stopping or destroying it kills PID 1, which the kernel turns into SIGKILL for every
-process of the instance: sshd, sessions, the run, the watchdog.
+Only Vast's control plane is fake. Each instance it creates is a real local machine
+(:mod:`tests.fake_machines`: an sshd as PID 1 of its own PID and mount namespace, its disk
+over the hosts entry's workdir) with ``CONTAINER_ID``/``CONTAINER_API_KEY`` in its init
+environment (as on Vast) and the onstart script run at boot. Stopping or destroying it
+kills every process of the instance: sshd, sessions, the run, the watchdog.
 
 The HTTP side (the paths, the offers, the search query's operators) is
 :mod:`tests.fake_vast_api`; this module is the account's state and its real instances.
@@ -14,15 +12,12 @@ The HTTP side (the paths, the offers, the search query's operators) is
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
 import secrets
 import shlex
 import shutil
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -34,11 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy_fixtures import SSHD, VENV_BIN, _keygen, free_port
+from tests.deploy_fixtures import VENV_BIN, _keygen
+from tests.fake_machines import LocalMachine
 from tests.fake_vast_api import OFFER_FIELDS, default_offers, handler, matches
 
-SLOW_AFTER_S = 1.5
-"""A slow machine's processes run at full speed this long (their imports, short commands)."""
 PULL_ERROR = (
     "Error response from daemon: pull access denied for {image}, repository does not exist "
     "or may require 'docker login': denied: requested access to the resource is denied"
@@ -56,19 +50,25 @@ class FakeInstance:
     disk_gb: float
     bid: float | None
     container_key: str
-    root: Path
-    workdir: str
+    machine: LocalMachine
+    """The real machine the instance is (:mod:`tests.fake_machines`)."""
     start_date: float = field(default_factory=time.time)
     actual_status: str | None = "loading"
     intended_status: str = "running"
     cur_state: str = "running"
     status_msg: str = ""
-    port: int | None = None
-    proc: subprocess.Popen[bytes] | None = None
     billed_s: dict[str, float] = field(default_factory=lambda: {"running": 0.0, "stopped": 0.0})
     seed: dict[str, str] = field(default_factory=dict)
     """Files (relative to the disk's workspace) written before boot: test fault switches."""
     _since: float = field(default_factory=time.monotonic)
+
+    @property
+    def root(self) -> Path:
+        return self.machine.root
+
+    @property
+    def port(self) -> int | None:
+        return self.machine.port
 
     @property
     def dph_total(self) -> float:
@@ -112,6 +112,8 @@ class Switches:
     boot_s: float = 0.5
     key_delay_s: float = 1.0
     container_key_can_destroy: bool = False
+    auth_error_status: int = 401
+    """The HTTP status of a refused key's ``auth_error`` answer (Vast sends 404 on some paths)."""
 
 
 @dataclass
@@ -231,14 +233,14 @@ class FakeVast:
             msg = f"Instance type by id {offer_id} is no longer available."
             return 400, {"success": False, "error": "no_such_ask", "msg": msg}
         _status, found = self.search({"id": {"eq": offer_id}, "allocated_storage": body["disk"]})
+        instance_id = next(self._ids)
         inst = FakeInstance(
-            id=next(self._ids), offer=found["offers"][0], image=str(body.get("image")),
+            id=instance_id, offer=found["offers"][0], image=str(body.get("image")),
             label=str(body.get("label") or ""), onstart=str(body.get("onstart") or ""),
             env=dict(body.get("env") or {}), disk_gb=float(body["disk"]),
             bid=body.get("price"), container_key="fake-container-" + secrets.token_hex(8),
-            root=self.root / "instances" / "pending", workdir=str(self.workdir),
+            machine=LocalMachine(self.root / "instances" / str(instance_id), str(self.workdir)),
         )  # fmt: skip
-        inst.root = self.root / "instances" / str(inst.id)
         with self.lock:
             inst.seed = self.disk_seeds.pop(0) if self.disk_seeds else {}
             self.instances[inst.id] = inst
@@ -343,142 +345,30 @@ class FakeVast:
         return False
 
     def _start(self, inst: FakeInstance) -> None:
-        ssh = inst.root / "ssh"
-        disk = inst.root / "disk"
-        for d in (ssh, disk / "workspace", disk / "home"):
-            d.mkdir(parents=True, exist_ok=True)
-        for name, text in inst.seed.items():
-            (disk / "workspace" / name).write_text(text)
-        if not (ssh / "host_ed25519").exists():
-            _keygen(ssh / "host_ed25519")
-        (ssh / "authorized_keys").touch()
-        inst.port = free_port()
-        config = ssh / "sshd_config"
-        config.write_text(
-            f"Port {inst.port}\nListenAddress 127.0.0.1\nHostKey {ssh / 'host_ed25519'}\n"
-            f"AuthorizedKeysFile {ssh / 'authorized_keys'}\nPidFile {ssh / 'sshd.pid'}\n"
-            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nMaxStartups 100\n"
-            "MaxSessions 100\nSubsystem sftp internal-sftp\nLogLevel ERROR\n"
-        )
         env = {
             **inst.env, "CONTAINER_ID": str(inst.id), "CONTAINER_API_KEY": inst.container_key,
-            "PATH": f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": str(disk / "home"),
-            "ONSTART": inst.onstart, "DISK": str(disk / "workspace"),
-            "WORKDIR": inst.workdir, "ONSTART_LOG": str(inst.root / "onstart.log"),
+            "ONSTART": inst.onstart, "ONSTART_LOG": str(inst.root / "onstart.log"),
         }  # fmt: skip
-        # A real instance is a fresh container: no login rc files of this machine's user. Here
-        # they would run in every SSH command (pyenv's rehash takes a lock file; an instance
-        # killed mid-rehash, as vanish() does, left it behind and stalled every later shell).
-        rc = shlex.quote(str(Path.home() / ".bashrc"))
-        shm = ""
-        if int(inst.offer["machine_id"]) in self.host_faults.small_shm:
-            shm = "mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 1; "
-        init = (
-            shm + f"if [ -f {rc} ]; then mount --bind /dev/null {rc} || exit 1; fi; "
-            'mount --bind "$DISK" "$WORKDIR" || exit 1; '
-            '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); '
-            f"exec {SSHD} -D -e -f {config}"
+        machine_id = int(inst.offer["machine_id"])
+        inst.machine.boot(
+            env,
+            '(setsid sh -c "$ONSTART" > "$ONSTART_LOG" 2>&1 < /dev/null &); exec {sshd} -D',
+            seed=inst.seed,
+            small_shm=machine_id in self.host_faults.small_shm,
+            slow=self.host_faults.slow.get(machine_id),
         )
-        log = (inst.root / "sshd.log").open("ab")
-        inst.proc = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", init],
-            env=env, stdout=log, stderr=log, start_new_session=True,
-        )  # fmt: skip
-        _wait_port(inst.port, inst.proc)
-        share = self.host_faults.slow.get(int(inst.offer["machine_id"]))
-        if share is not None:
-            threading.Thread(target=self._throttle, args=(inst, share), daemon=True).start()
-
-    def _throttle(self, inst: FakeInstance, share: float, period_s: float = 0.05) -> None:
-        """Stop the instance's Python processes for ``1 - share`` of every period until
-        the instance ends (SIGKILL ends stopped processes too)."""
-        proc = inst.proc
-        assert proc is not None
-        # Every process of the instance, SSH sessions included (sshd gives those a fresh
-        # environment), is in the PID namespace `unshare` made for its children.
-        with contextlib.suppress(OSError):
-            ns = os.readlink(f"/proc/{proc.pid}/ns/pid_for_children")
-            for k in itertools.count():
-                if proc.poll() is not None:
-                    return
-                if k % 4 == 0:  # new processes are found 5 times a second
-                    pids = [p for p in _pids_in(ns) if _is_python(p) and _age_s(p) > SLOW_AFTER_S]
-                for sig, pause in ((signal.SIGSTOP, 1.0 - share), (signal.SIGCONT, share)):
-                    for pid in pids:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, sig)
-                    time.sleep(period_s * pause)
 
     def _kill(self, inst: FakeInstance) -> None:
         """End the instance's PID namespace: every process in it dies with its PID 1."""
-        if inst.proc is not None and inst.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(inst.proc.pid, signal.SIGKILL)
-            inst.proc.wait(timeout=30)
+        inst.machine.kill()
         inst.actual_status = "exited" if inst.actual_status == "running" else inst.actual_status
 
     def namespace_pids(self, inst: FakeInstance) -> list[int]:
-        """Pids (host view) of processes in the instance's namespace: empty once it is gone.
-        Found by the instance's own disk path: its id repeats in other tests' fakes."""
-        if inst.proc is None:
-            return []
-        out = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    # The key, not the id: every FakeVast counts ids from 7000001, and other
-                    # tests' fakes on this machine may run an instance with the same id.
-                    if inst.container_key == _environ(entry).get("CONTAINER_API_KEY"):
-                        out.append(int(entry.name))
-        return out
+        """Pids (host view) of processes in the instance's namespace: empty once it is gone."""
+        return inst.machine.pids()
 
     def cleanup_disks(self) -> None:
         shutil.rmtree(self.root / "instances", ignore_errors=True)
-
-
-def _pids_in(ns: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "ns" / "pid") == ns:
-                    out.append(int(entry.name))
-    return out
-
-
-def _age_s(pid: int) -> float:
-    try:
-        started = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return uptime - started / os.sysconf("SC_CLK_TCK")
-
-
-def _is_python(pid: int) -> bool:
-    try:
-        return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def _environ(proc_dir: Path) -> dict[str, str]:
-    raw = (proc_dir / "environ").read_bytes().split(b"\0")
-    pairs = (item.decode(errors="replace").partition("=") for item in raw if b"=" in item)
-    return {k: v for k, _, v in pairs}
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    import socket
-
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        time.sleep(0.05)  # waiting for the instance's sshd to listen
-    raise RuntimeError(f"fake instance sshd did not listen on {port}")
 
 
 CLIENT_KEY = "client_ed25519"

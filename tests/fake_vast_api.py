@@ -92,7 +92,8 @@ def handler(fake: FakeVast) -> type[BaseHTTPRequestHandler]:
             key = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
             denied = fake.authorize(key, method, path)
             if denied:
-                return self._reply(401, {"success": False, "error": "auth_error", "msg": denied})
+                status = fake.switches.auth_error_status  # Vast answers 404 on some paths
+                return self._reply(status, {"success": False, "error": "auth_error", "msg": denied})
             status, body = self._route(method, path, parse_qs(url.query))
             self._reply(status, body)
 

@@ -56,6 +56,9 @@ def _setup(*args: str) -> None:
 def _start_once() -> Path:
     from filelock import FileLock
 
+    from tests.background import await_background
+
+    await_background("slurm")  # scripts/test.sh installs Slurm in the background
     with FileLock(str(SLURM_DIR) + ".lock", timeout=900):
         if not _answers():
             _setup("install")

@@ -7,7 +7,11 @@ import itertools
 import pytest
 import tenacity
 
-from ups.backoff import LAUNCH_RESTART, LOG_STREAM, POLICIES, VAST_RUNNING, VAST_SSH, Policy
+from ups.backoff import LAUNCH_RESTART, LOG_STREAM, POLICIES, Policy
+from ups.deploy.providers.vast.client import BACKOFF as VAST
+
+VAST_RUNNING, VAST_SSH = VAST.running, VAST.ssh
+EVERY = {**POLICIES, **{p.name: p for p in vars(VAST).values()}}
 
 
 def _first(policy: Policy, n: int) -> list[float]:
@@ -23,10 +27,10 @@ def test_policies_keep_the_waits_each_loop_had() -> None:
     assert [restart.delay(n) for n in range(7)] == [10, 20, 40, 80, 160, 300, 300]
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(EVERY))
 def test_tenacity_waits_equal_the_policy(name: str) -> None:
-    """Retrying under tenacity waits what the policy says, try by try."""
-    policy = POLICIES[name]
+    """Retrying under tenacity waits what the policy says, try by try (a provider's too)."""
+    policy = EVERY[name]
     wait = policy.wait()
     state = tenacity.RetryCallState(tenacity.Retrying(), fn=None, args=(), kwargs={})
     for attempt in range(1, 9):

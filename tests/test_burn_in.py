@@ -20,7 +20,7 @@ from ups.deploy.managed.faults import preflight_reason, preflight_side
 from ups.deploy.managed.ledger import Failure, Ledger, Measurement, render_measured
 from ups.deploy.managed.ranking import rank
 from ups.deploy.providers import Side
-from ups.deploy.providers.vast.offers import Offer
+from ups.deploy.providers.vast.offers import offer_of
 from ups.preflight import PreflightOptions, Report, Status, run_preflight
 from ups.preflight.checks.burnin import CPU_BUDGET_S, judge
 from ups.preflight.figures import below_floor, figures, workload
@@ -138,14 +138,14 @@ def _offer(oid: int, price: float, gpu: str = "RTX 4090", reliability: float = 0
 
 
 def _measured(machine: int, step: float, gpu: str = "RTX 4090", work: str = "w") -> Measurement:
-    return Measurement(machine_id=machine, gpu_name=gpu, num_gpus=2, figures={"step": step},
+    return Measurement(machine_id=str(machine), gpu_name=gpu, num_gpus=2, figures={"step": step},
                        dph=0.5, workload=work, at=time.time(), run_id="r", host="vast",
                        passed=True)  # fmt: skip
 
 
 def _rank(rows: list[dict], measured: list[Measurement]) -> list[int] | None:
-    ranked = rank([(r, Offer.from_api(r)) for r in rows], measured, "w", False)
-    return None if ranked is None else [int(r.row["id"]) for r in ranked]
+    ranked = rank([offer_of(r, False) for r in rows], measured, "w", False)
+    return None if ranked is None else [int(r.offer.id) for r in ranked]
 
 
 def test_cheaper_but_slower_machine_loses_once_measured() -> None:
@@ -154,7 +154,7 @@ def test_cheaper_but_slower_machine_loses_once_measured() -> None:
     cheap, fast = _offer(102, 0.62), _offer(105, 0.90)
     measured = [_measured(1020, 100.0), _measured(1050, 400.0)]
     assert _rank([cheap, fast], measured) == [105, 102]
-    ranked = rank([(r, Offer.from_api(r)) for r in (cheap, fast)], measured, "w", False)
+    ranked = rank([offer_of(r, False) for r in (cheap, fast)], measured, "w", False)
     assert ranked is not None
     assert ranked[0].usd_per_msample == pytest.approx(0.90 / (800 * 3600) * 1e6)
     assert "measured 800 /s" in ranked[0].line()
@@ -179,15 +179,15 @@ def test_ledger_keeps_failures_and_measurements_and_shows_cost_per_sample(
     """Both kinds of entry share one strict-JSON file; the table shows $ per million
     samples from the step figure, the GPUs and the price."""
     ledger = Ledger(tmp_path / "hosts-ledger.json")
-    ledger.record(Failure(machine_id=1, host_id=None, offer_id=2, instance_id=3,
+    ledger.record(Failure(machine_id="1", host_id=None, offer_id="2", instance_id="3",
                           failure="slow", at=time.time(), run_id="r", host="vast"))  # fmt: skip
-    m = Measurement(machine_id=1050, gpu_name="RTX 4090", num_gpus=2,
+    m = Measurement(machine_id="1050", gpu_name="RTX 4090", num_gpus=2,
                     figures={"matmul": 150.0, "busbw": 20.0, "step": 500.0}, dph=0.9,
                     workload="w", at=time.time(), run_id="r", host="vast", passed=True,
                     known_good={"matmul": 165.0})  # fmt: skip
     ledger.measured(m)
     data = json.loads(ledger.path.read_text())
-    assert [f["machine_id"] for f in data["failures"]] == [1]
+    assert [f["machine_id"] for f in data["failures"]] == ["1"]
     assert ledger.measurements() == [m] and m.usd_per_msample() == pytest.approx(0.25)
     table = render_measured(ledger.measurements())
     assert "2x RTX 4090" in table and "150 vs 165 (0.91)" in table and "0.2500" in table

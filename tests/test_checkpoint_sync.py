@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import PYTHON, REPO, parse_events, rank_events, torchrun, worker_env
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    parse_events,
+    rank_events,
+    torchrun,
+    uninterrupted_run,
+    worker_env,
+)
 from tests.lifecycle_helpers import final_model
 from tests.lifecycle_helpers import run as launch
 from tests.s3_server import S3Server, s3_server
@@ -41,47 +49,24 @@ def _events(run_dir: Path, name: str) -> list[dict[str, Any]]:
 
 
 def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
-    s3_server: S3Server, make_config: Callable[..., Path], tmp_path: Path
+    s3_server: S3Server,
+    make_config: Callable[..., Path],
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """`ups launch` runs upload each checkpoint with its digest, keep keep_last in the
-    bucket, and send outcome.json (saying what was uploaded), the logs (launch.log too) and
-    the W&B directory at the end. A run
-    preempted at step 6 or so whose run directory is then lost continues on a "new host" from
-    the bucket, and its final weights equal the uninterrupted run's exactly."""
+    """`ups launch` runs upload each checkpoint with its digest as it is made. A run
+    preempted at step 6 or so whose run directory is then lost continues on a "new host"
+    from the bucket; at its end the bucket keeps keep_last checkpoints and holds
+    outcome.json (saying what was uploaded), the logs (launch.log too) and the W&B
+    directory, and its final weights equal the uninterrupted run's exactly."""
     env = s3_server.client_env()
     common = {
         "training": {"max_steps": 12},
         "checkpoint": {"every_steps": 4, "keep_last": 2},
         "checkpoint_sync": _sync(s3_server),
     }
-    ref_cfg = make_config(run={"output_dir": str(tmp_path / "a"), "run_id": "ref"}, **common)
-    ref = launch(str(tmp_path), str(ref_cfg), "--skip-preflight", env=env)
-    assert ref.returncode == 0, ref.stdout[-3000:]
-    bucket = _bucket(s3_server)
-    assert [r.name for r in committed_checkpoints(bucket, "ref")] == [
-        "step_000008.pt",
-        "step_000012.pt",
-    ]
-    assert s3_server.objects("runs/ref/checkpoints/") == [
-        "runs/ref/checkpoints/step_000008.pt",
-        "runs/ref/checkpoints/step_000008.pt.sha256",
-        "runs/ref/checkpoints/step_000012.pt",
-        "runs/ref/checkpoints/step_000012.pt.sha256",
-    ]
-    remote = json.loads(bucket.get_bytes("ref/outcome.json") or b"{}")
-    assert remote["outcome"] == "finished"
-    assert remote["checkpoint_sync"]["complete"] is True
-    assert remote["checkpoint_sync"]["pending"] == []
-    assert remote["checkpoint_sync"]["uploaded"][-1] == "step_000012.pt"
-    keys = bucket.list("ref/")
-    assert {"ref/logs/rank0.jsonl", "ref/logs/rank1.jsonl", "ref/logs/launch.log"} <= set(keys)
-    assert any(k.startswith("ref/wandb/") and k.endswith(".wandb") for k in keys)
-    synced = _events(tmp_path / "a" / "ref", "checkpoint_synced")
-    assert [e["step"] for e in synced] == [4, 8, 12]
-    assert all(e["lag_s"] >= 0 for e in synced)
-    reference = final_model(tmp_path / "a" / "ref")
-
     first = make_config(run={"output_dir": str(tmp_path / "b"), "run_id": "moved"}, **common)
+    reference = final_model(uninterrupted_run(tmp_path_factory, first))  # shared (conftest)
     stopped = launch(str(tmp_path), str(first), "--skip-preflight",
                      env={**env, "UPS_FAULTS": "sigterm@0:6"})  # fmt: skip
     assert stopped.returncode != 0
@@ -89,8 +74,11 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
     # SIGTERM asynchronously), flushed within the stop grace.
     preempted = json.loads((tmp_path / "b" / "moved" / "outcome.json").read_text())
     assert preempted["outcome"] == "preempted" and preempted["checkpoint_sync"]["complete"]
+    bucket = _bucket(s3_server)
     at = newest_checkpoint(bucket, "moved")
     assert at is not None and at.step == preempted["step"] >= 6
+    synced = _events(tmp_path / "b" / "moved", "checkpoint_synced")
+    assert [e["step"] for e in synced] == [4, at.step]  # each as it was made
 
     # A new host: nothing of the run on disk, the same config and run id.
     second = make_config(run={"output_dir": str(tmp_path / "c"), "run_id": "moved"}, **common)
@@ -100,6 +88,32 @@ def test_uploads_keep_last_and_a_new_host_resumes_bit_exactly(
     (fetched,) = _events(run_dir, "checkpoint_fetched")
     assert (fetched["checkpoint"], fetched["step"]) == (at.name, at.step)
     assert _events(run_dir, "resumed")[0]["step"] == at.step
+    # This host's uploads (its log may also hold the first host's lines, fetched with the run).
+    synced = [e for e in _events(run_dir, "checkpoint_synced") if e["step"] > at.step]
+    assert [e["step"] for e in synced] == [s for s in (8, 12) if s > at.step]
+    assert all(e["lag_s"] >= 0 for e in synced)
+
+    assert [r.name for r in committed_checkpoints(bucket, "moved")] == [
+        "step_000008.pt",
+        "step_000012.pt",
+    ]
+    assert s3_server.objects("runs/moved/checkpoints/") == [
+        "runs/moved/checkpoints/step_000008.pt",
+        "runs/moved/checkpoints/step_000008.pt.sha256",
+        "runs/moved/checkpoints/step_000012.pt",
+        "runs/moved/checkpoints/step_000012.pt.sha256",
+    ]
+    remote = json.loads(bucket.get_bytes("moved/outcome.json") or b"{}")
+    assert remote["outcome"] == "finished"
+    assert remote["checkpoint_sync"]["complete"] is True
+    assert remote["checkpoint_sync"]["pending"] == []
+    assert remote["checkpoint_sync"]["uploaded"][-1] == "step_000012.pt"
+    keys = bucket.list("moved/")
+    assert {"moved/logs/rank0.jsonl", "moved/logs/rank1.jsonl", "moved/logs/launch.log"} <= set(
+        keys
+    )
+    assert any(k.startswith("moved/wandb/") and k.endswith(".wandb") for k in keys)
+
     weights = final_model(run_dir)
     assert weights.keys() == reference.keys()
     for name, tensor in reference.items():

@@ -53,7 +53,7 @@ def test_a_key_of_another_kind_is_named_with_its_path(tmp_path: Path) -> None:
         get_host("ok", path)
     text = str(err.value)
     assert err.value.exit_code == 2
-    assert "hosts.gpubox.offer: not a field of a docker host (it belongs to vast hosts)" in text
+    assert "hosts.gpubox.offer: not a field of a docker host (it belongs to rented (vast" in text
     assert "hosts.box.registry: not a field of a container host" in text
     assert "hosts.v.host: not a field of a vast host" in text
     assert "hosts.ok" not in text

@@ -90,7 +90,7 @@ def _hosts(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     ("host", "kind", "option"),
-    [("dock", "docker", "sync_wheel"), ("vast", "vast", "fresh"), ("pair", "group", "save")],
+    [("dock", "docker", "sync_wheel"), ("vast", "rented", "fresh"), ("pair", "group", "save")],
 )
 def test_deploy_refuses_before_contacting_anything(
     tmp_path: Path, host: str, kind: str, option: str

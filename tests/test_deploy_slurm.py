@@ -3,8 +3,9 @@ reached like a cluster's login node, over real SSH (sshd on this machine).
 
 One job of the demo runs on two nodes x one rank through a requeue by Slurm, a `fab stop`
 and a second `fab deploy`, and ends with the same held-out numbers and the same weights
-as an uninterrupted one-node x two-rank job. The other test covers what never trains: a
-request the cluster cannot meet, and a node whose preflight fails.
+as the same config run uninterrupted by two ranks on one machine (`ups launch`, shared
+with other tests: deploy_fixtures.demo_reference). The other test covers what never
+trains: a request the cluster cannot meet, and a node whose preflight fails.
 """
 
 from __future__ import annotations
@@ -20,7 +21,17 @@ import pytest
 import torch
 import yaml
 
-from tests.deploy_fixtures import FAB, REPO, SshServer, demo_config, demo_data, fab, link_data, sshd
+from tests.deploy_fixtures import (
+    FAB,
+    REPO,
+    SshServer,
+    demo_config,
+    demo_data,
+    demo_reference,
+    fab,
+    link_data,
+    sshd,
+)
 from tests.lifecycle_helpers import final_model
 from tests.slurm_fixtures import SLURM_CONF, slurm, slurm_cluster
 
@@ -34,7 +45,7 @@ pytestmark = [
 
 
 def _hosts(sshd: SshServer, tmp_path: Path, **extra: dict[str, Any]) -> Path:
-    """``cluster`` (2 nodes x 1 rank) and ``one`` (1 node x 2 ranks) on the test cluster."""
+    """``cluster`` (2 nodes x 1 rank) on the test cluster, and ``extra`` entries."""
 
     def entry(**fields: Any) -> dict[str, Any]:
         base = sshd.host_entry(
@@ -50,7 +61,6 @@ def _hosts(sshd: SshServer, tmp_path: Path, **extra: dict[str, Any]) -> Path:
 
     hosts = {
         "cluster": entry(nodes=2, ranks_per_node=1),
-        "one": entry(nodes=1, ranks_per_node=2),
         **{name: entry(**fields) for name, fields in extra.items()},
     }
     path = tmp_path / "hosts.yaml"
@@ -85,23 +95,24 @@ def _eval(outcome: dict[str, Any]) -> dict[str, float]:
 
 
 def test_two_nodes_through_requeue_and_stop_match_one_node(
-    slurm_cluster: Path, sshd: SshServer, demo_data: Path, tmp_path: Path
+    slurm_cluster: Path,
+    sshd: SshServer,
+    demo_data: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """2 nodes x 1 rank: `fab deploy` prints the batch script it submits, preflights both
     nodes inside the allocation and follows the run; the time-limit warning (USR1 to the
     batch shell) and then `scontrol requeue` mid-run each stop it with a checkpoint and it
     resumes there, under the same job; `fab status` names the nodes; `fab stop`
     preempts it (exit 75) and the same `fab deploy` continues it. Its held-out numbers
-    and final weights equal an uninterrupted 1 node x 2 ranks job's (same global batch)."""
+    and final weights equal the same config's uninterrupted on one machine with two
+    ranks (same global batch)."""
     workdir = sshd.root / "remote"
     link_data(workdir, demo_data)
     hosts = _hosts(sshd, tmp_path)
     plain = demo_config(tmp_path / "plain.yaml", max_steps=12)
-    ref = fab(
-        "deploy", "--host", "one", "--hosts-file", str(hosts), "--config", str(plain),
-        "--run", "ref", timeout=300,
-    )  # fmt: skip
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-2000:]
+    reference_run = demo_reference(tmp_path_factory, plain, demo_data)
 
     # Held asleep at steps 3, 6 and 9 until stopped: the time-limit warning, the requeue
     # and the stop land mid-run.
@@ -165,12 +176,9 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     assert new_job != job_id and f"slurm job {new_job}: requeued" not in again.stdout
     outcome = json.loads((workdir / "runs" / "pair" / "outcome.json").read_text())
     assert outcome["outcome"] == "finished" and outcome["resumed_from"]["step"] == held
-    reference = json.loads((workdir / "runs" / "ref" / "outcome.json").read_text())
+    reference = json.loads((reference_run / "outcome.json").read_text())
     assert _eval(outcome) and _eval(outcome) == _eval(reference)
-    weights, expected = (
-        final_model(workdir / "runs" / "pair"),
-        final_model(workdir / "runs" / "ref"),
-    )
+    weights, expected = final_model(workdir / "runs" / "pair"), final_model(reference_run)
     assert weights.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), f"{name} differs from the 1-node run"

@@ -92,7 +92,7 @@ class Project:
         )
         return env | self.extra_env
 
-    def write_config(self, **training: Any) -> None:
+    def write_config(self, faults: list[dict[str, Any]] | None = None, **training: Any) -> None:
         cfg = {
             "run": {"name": "e2e", "output_dir": "runs"},
             "tasks": [
@@ -114,6 +114,7 @@ class Project:
             "distributed": {"master_port": self.master_port},
             "checkpoint": {"every_steps": 10},
             "wandb": {"mode": "offline"},
+            "faults": faults or [],
         }
         (self.dirs["state"] / "e2e.yaml").write_text(yaml.safe_dump(cfg))
 
@@ -347,7 +348,10 @@ def test_a_cuda_tagged_cache_file_stops_the_run_at_preflight(project: Project) -
 
 def test_docker_stop_leaves_a_checkpoint_the_next_up_resumes(project: Project) -> None:
     """`docker compose stop` mid-training ends "preempted" (75) with a checkpoint; `up` resumes."""
-    project.write_config(epochs=1000, max_steps=1_000_000)
+    # Held asleep at step 11, past the first checkpoint, until the stop: not training flat
+    # out on the machine's cores meanwhile.
+    held = [{"kind": "pause", "rank": rank, "step": 11} for rank in (0, 1)]
+    project.write_config(held, epochs=1000, max_steps=1_000_000)
     up = project.compose("up", "-d", "train-ddp")
     assert up.returncode == 0, up.stderr[-2000:]
     _wait_for(

@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 
+from tests.conftest import uninterrupted_run
 from tests.lifecycle_helpers import (
     MARKER,
     assert_no_survivors,
@@ -29,19 +30,16 @@ pytestmark = pytest.mark.slow
 
 
 def test_sigkilled_rank_is_explained_and_the_same_command_resumes_bit_exactly(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Rank 1 SIGKILLs itself at step 6 (what the OOM killer or `docker kill` does): exit 1,
     outcome names rank 1 and SIGKILL, says it was not the OOM killer, with the memory limit
     and each rank's peak RSS. Running the same command again says it resumes from step 4,
     and the final weights equal an uninterrupted run's."""
     common = {"training": {"max_steps": 12}, "checkpoint": {"every_steps": 4, "keep_last": 5}}
-    ref_cfg = make_config(run={"name": "t", "output_dir": str(tmp_path / "a")}, **common)
-    ref = run(str(tmp_path), str(ref_cfg), "--skip-preflight")
-    assert ref.returncode == 0, ref.stdout[-3000:]
-    reference = final_model((tmp_path / "a" / "latest").resolve())
-
     cfg = make_config(run={"name": "t", "output_dir": str(tmp_path / "b")}, **common)
+    reference = final_model(uninterrupted_run(tmp_path_factory, cfg))  # shared (conftest)
+
     killed = run(str(tmp_path), str(cfg), "--skip-preflight", env={"UPS_FAULTS": "sigkill@1:6"})
     assert killed.returncode == 1, killed.stdout[-3000:]
     run_dir = (tmp_path / "b" / "latest").resolve()

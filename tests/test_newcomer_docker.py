@@ -80,9 +80,11 @@ def test_compose_for_people_on_a_terminal_and_json_off_one(
     state = tmp_path / "state"
     state.mkdir()
     cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    cfg["training"]["max_steps"] = 20
+    cfg["training"].update(max_steps=6, log_every=2)  # a progress line, then the tables
     cfg["distributed"]["master_port"] = free_port()
     (state / "short.yaml").write_text(yaml.safe_dump(cfg))
+    cfg["training"]["max_steps"] = 2  # piped: only the JSON lines are looked at
+    (state / "piped.yaml").write_text(yaml.safe_dump(cfg))
     (tmp_path / "runs").mkdir()
     project = f"newcomer-{uuid.uuid4().hex[:8]}"
     env = {
@@ -107,8 +109,9 @@ def test_compose_for_people_on_a_terminal_and_json_off_one(
         assert '{"' not in screen, screen[-3000:]
 
         piped = subprocess.run(
-            train_cmd.split(), cwd=REPO, env=env, capture_output=True, text=True, timeout=400
-        )
+            train_cmd.split(), cwd=REPO, env={**env, "UPS_CONFIG": ".ups/piped.yaml"},
+            capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
         assert piped.returncode == 0, piped.stderr[-2000:]
         assert any(line.startswith("{") for line in piped.stdout.splitlines()), piped.stdout
     finally:

@@ -1,7 +1,9 @@
 """Publishing the image: the GHCR workflow passes actionlint, and
 `scripts/build-images.sh --push` pushes to a real registry (Debian's docker-registry on
-loopback; this machine reaches no public registry, and the GPU base cannot be pulled, so
-the push path runs with the CPU image)."""
+loopback; this machine reaches no public registry, and the GPU base cannot be pulled). The
+push path runs with a small image (`--no-build`: tag, push, digest as after a build): the
+1.4 GB CPU image would only spend minutes in gzip, and every run builds that one anyway
+(scripts/test.sh)."""
 
 from __future__ import annotations
 
@@ -84,22 +86,41 @@ def _start_registry(root: Path, port: int) -> subprocess.Popen[bytes]:
     raise AssertionError(f"docker-registry did not answer: {(root / 'registry.log').read_text()}")
 
 
+def _small_image(root: Path, tag: str) -> None:
+    """A one-file image (a few hundred bytes), imported without a registry or a build."""
+    (root / "small").mkdir()
+    (root / "small" / "hello.txt").write_text(f"pushed by tests/test_publish.py as {tag}\n")
+    tar = subprocess.run(["tar", "-C", str(root / "small"), "-c", "hello.txt"],
+                         capture_output=True, check=True, timeout=60)  # fmt: skip
+    subprocess.run(["docker", "import", "-", tag], input=tar.stdout, capture_output=True,
+                   check=True, timeout=120)  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.docker
-def test_build_images_push_reaches_a_registry(ups_image: str, tmp_path: Path) -> None:
-    """`build-images.sh --push 127.0.0.1:PORT/ups:TAG` builds the CPU image, pushes it, and
-    prints the digest the registry now serves for that tag."""
+def test_build_images_push_reaches_a_registry(tmp_path: Path) -> None:
+    """`build-images.sh --push 127.0.0.1:PORT/ups:TAG --no-build` tags the image built
+    before, pushes it, and prints the digest the registry now serves for that tag; with
+    --no-build and no such image it exits 1 naming the image and what to do."""
     if not Path(REGISTRY).exists():
         pytest.skip("docker-registry missing: apt-get install docker-registry")
     port = free_port()
     registry = _start_registry(tmp_path, port)
     tag = f"publish-{uuid.uuid4().hex[:8]}"
-    local = f"ups:cpu-{tag}"
+    local = f"ups:small-{tag}"
     ref = f"127.0.0.1:{port}/ups:{tag}"
+    script = ["bash", str(REPO / "scripts" / "build-images.sh"), "--push", ref, "--no-build"]
     try:
+        missing = subprocess.run(
+            script, capture_output=True, text=True, timeout=120, cwd=REPO,
+            env={**os.environ, "UPS_IMAGE_CPU": local},
+        )  # fmt: skip
+        assert missing.returncode == 1, missing.stderr
+        assert f"there is no image {local} to push" in missing.stderr
+
+        _small_image(tmp_path, local)
         out = subprocess.run(
-            ["bash", str(REPO / "scripts" / "build-images.sh"), "--push", ref],
-            capture_output=True, text=True, timeout=900, cwd=REPO,
+            script, capture_output=True, text=True, timeout=300, cwd=REPO,
             env={**os.environ, "UPS_IMAGE_CPU": local},
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]

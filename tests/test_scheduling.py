@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.scheduling import UNKNOWN_S, longest_first, unit_of
+from tests.scheduling import UNKNOWN_S, longest_first, schedule, unit_of
 
 
 @dataclass
@@ -48,3 +48,20 @@ def test_a_test_not_measured_yet_runs_early() -> None:
 def test_the_unit_is_the_group_else_the_test() -> None:
     assert unit_of(_Item("x.py::t", "g")) == "g"  # type: ignore[arg-type]
     assert unit_of(_Item("x.py::t")) == "x.py::t"  # type: ignore[arg-type]
+
+
+def test_a_unit_waiting_for_an_install_goes_where_it_can_start() -> None:
+    """With two workers and the longest test's install ready only at 120 s, the workers
+    first take what can start at once, then that test: nobody sits waiting for it."""
+    items = [_Item("a.py::sixty"), _Item("b.py::hundred"), _Item("c.py::fifty"),
+             _Item("d.py::thirty")]  # fmt: skip
+    seconds = {"a.py::sixty": 60.0, "b.py::hundred": 100.0, "c.py::fifty": 50.0,
+               "d.py::thirty": 30.0}  # fmt: skip
+    ready = {"b.py::hundred": 120.0}
+    order = schedule(items, seconds, workers=2, ready_s=lambda i: ready.get(i.nodeid, 0.0))
+    assert [i.nodeid for i in order] == ["a.py::sixty", "c.py::fifty", "d.py::thirty",
+                                         "b.py::hundred"]  # fmt: skip
+    # ready at once: longest first, as before
+    assert [i.nodeid for i in schedule(items, seconds, workers=2)] == [
+        "b.py::hundred", "a.py::sixty", "c.py::fifty", "d.py::thirty"
+    ]  # fmt: skip

@@ -104,7 +104,7 @@ def test_dry_run_of_a_script(tmp_path: Path) -> None:
     assert steps[:4] == ["connect:", "check-code:", "sync:", "upload:"], steps
     assert "/shared/ups/code/train-" in text
     assert (
-        "ups launch --run-file /shared/ups/.ups/deploy/s1/run.json --run-id s1 "
+        "ups launch --run-file /shared/ups/.ups/deploy/s1/run-file.json --run-id s1 "
         "--preflight-passed-by 'fab deploy' --nproc-per-node 1 --checkpoint-dir "
         "runs/s1/checkpoints --nnodes"
     ) in node
@@ -129,7 +129,7 @@ def test_no_requeue_and_cpu_ranks(tmp_path: Path) -> None:
         ({"gpus": 2}, "set gpus_per_node (GPUs of each node), not gpus"),
         ({"time": "an hour"}, "is not a Slurm time"),
         ({"sbatch_options": ["-N 3"]}, "is not one long option"),
-        ({"offer": "x"}, "not a field of a slurm host (it belongs to vast hosts)"),
+        ({"offer": "x"}, "not a field of a slurm host (it belongs to rented (vast"),
         ({"nodes": 0}, "nodes: Input should be greater than or equal to 1"),
     ],
 )

@@ -41,8 +41,13 @@ from ups.torchcompat import (
 from ups.train.startcheck import strategy_problems
 
 OLDEST_VENV = REPO / ".venv-torch-oldest"
-RANGE = pytest.mark.xdist_group("torch-range")
-"""The tests that need the range's venv share one worker: one waits for the install, not two."""
+
+
+def RANGE(test: Callable[..., None]) -> Callable[..., None]:
+    """The tests that need the range's venv share one worker (one waits for the install, not
+    two) and start once scripts/test.sh's background install ``torch-oldest`` should have
+    ended (tests/background.py)."""
+    return pytest.mark.background("torch-oldest")(pytest.mark.xdist_group("torch-range")(test))
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,7 @@ def test_bf16_run_trains_and_records_its_precision(
 
 
 @pytest.mark.slow
+@pytest.mark.background("cxx")  # inductor's C++ compiler (scripts/test.sh installs it)
 def test_compiled_two_rank_run_finishes_and_says_so(
     tmp_path: Path, tiny_data: dict[str, Path]
 ) -> None:

@@ -23,9 +23,10 @@ from ups.bucket.credentials import parse_file
 from ups.config.schema import Config
 from ups.deploy import kinds
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import HostsFile, VastHost
+from ups.deploy.hosts import HostsFile
 from ups.deploy.managed.rental_plan import rented
 from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan
+from ups.deploy.providers.vast.options import VastHost
 from ups.deploy.request import DeployRequest
 from ups.workload import ScriptWorkload
 

@@ -46,13 +46,19 @@ def test_no_api_key(fake_vast: FakeVast, tmp_path: Path) -> None:
     assert fake_vast.requests == []
 
 
-def test_key_rejected(fake_vast: FakeVast, tmp_path: Path) -> None:
-    """A wrong key gets 'rejected the API key (HTTP 401)' and the fix; the key is not echoed."""
+@pytest.mark.parametrize("status", [401, 404])
+def test_key_rejected(fake_vast: FakeVast, tmp_path: Path, status: int) -> None:
+    """A wrong key gets 'rejected the API key' and the fix (where the key is read, how to
+    replace it), whether Vast answers 401 or 404 with an auth_error body; the key is not
+    echoed."""
+    fake_vast.switches.auth_error_status = status
     wrong = "not-the-right-key-123"
     code, out, err = _deploy(fake_vast, tmp_path, env=fab_env(fake_vast, tmp_path,
                                                               VAST_API_KEY=wrong))  # fmt: skip
     assert code == 5
-    assert "rejected the API key (HTTP 401)" in _one_paragraph(err)
+    line = _one_paragraph(err)
+    assert f"rejected the API key (HTTP {status})" in line
+    assert "~/.config/vastai/vast_api_key" in line and "vastai set api-key KEY" in line
     assert wrong not in out + err
     assert fake_vast.live() == []
 

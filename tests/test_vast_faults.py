@@ -14,8 +14,8 @@ from ups.deploy.managed.faults import failed_checks, preflight_side
 from ups.deploy.managed.ledger import Failure, Ledger, ledger_path, render
 from ups.deploy.providers import Side
 from ups.deploy.providers.vast.faults import STATUS_RULES, classify_status
-from ups.deploy.providers.vast.instance import Instance, State
-from ups.deploy.providers.vast.offers import Offer, without_machines
+from ups.deploy.providers.vast.instance import State, instance_of
+from ups.deploy.providers.vast.offers import offer_of
 from ups.retry import API_RETRY, api_retryable
 
 
@@ -59,11 +59,11 @@ def test_known_fatal_status_fails_fast() -> None:
     """An instance still 'created' but showing the NVML error is FAILED at once (no wait)."""
     row = {"id": 5, "actual_status": "created", "intended_status": "running",
            "cur_state": "running", "status_msg": "nvml error: driver not loaded"}  # fmt: skip
-    assert Instance.from_api(row).state is State.FAILED
+    assert instance_of(row).state is State.FAILED
     row["status_msg"] = "unexpected EOF"
-    assert Instance.from_api(row).state is State.FAILED
+    assert instance_of(row).state is State.FAILED
     row["status_msg"] = "Pulling image"
-    assert Instance.from_api(row).state is State.LOADING
+    assert instance_of(row).state is State.LOADING
 
 
 PREFLIGHT_REPORT = """CHECK    STATUS  VALUE         MESSAGE
@@ -87,22 +87,24 @@ def test_preflight_failures_of_the_machine_are_host_faults() -> None:
 
 
 def _failure(machine: int, at: float, why: str = "nvml error") -> Failure:
-    return Failure(machine_id=machine, host_id=machine * 10, offer_id=machine + 1,
-                   instance_id=7, failure=why, at=at, run_id="r1", host="vast")  # fmt: skip
+    return Failure(machine_id=str(machine), host_id=str(machine * 10),
+                   offer_id=str(machine + 1), instance_id="7", failure=why, at=at, run_id="r1",
+                   host="vast")  # fmt: skip
 
 
 def test_ledger_records_strict_json_and_excludes_within_ttl(tmp_path: Path) -> None:
     """Entries survive in strict JSON; only those younger than the TTL are excluded."""
     ledger = Ledger(tmp_path / "state" / "hosts-ledger.json")
-    assert ledger.read() == [] and ledger.excluded(72) == set()
+    assert ledger.read() == [] and ledger.excluded(72, "vast") == set()
     now = time.time()
     ledger.record(_failure(11, now - 100 * 3600))
     ledger.record(_failure(22, now - 60))
     data = json.loads(ledger.path.read_text())  # strict: json.loads accepts nothing else
-    assert [f["machine_id"] for f in data["failures"]] == [11, 22]
-    assert ledger.excluded(72, now) == {22}
-    assert ledger.excluded(200, now) == {11, 22}
-    assert ledger.excluded(0, now) == set()
+    assert [f["machine_id"] for f in data["failures"]] == ["11", "22"]
+    assert ledger.excluded(72, "vast", now) == {"22"}
+    assert ledger.excluded(200, "vast", now) == {"11", "22"}
+    assert ledger.excluded(200, "runpod", now) == set()  # machine ids are per provider
+    assert ledger.excluded(0, "vast", now) == set()
     table = render(ledger.read(), 72, now)
     assert "22" in table and "nvml error (run r1)" in table
     assert "2 failure(s)" in table
@@ -113,7 +115,7 @@ def test_ledger_drops_month_old_entries_and_reports_a_broken_file(tmp_path: Path
     ledger = Ledger(tmp_path / "hosts-ledger.json")
     ledger.record(_failure(1, time.time() - 40 * 86400))
     ledger.record(_failure(2, time.time()))
-    assert [f.machine_id for f in ledger.read()] == [2]
+    assert [f.machine_id for f in ledger.read()] == ["2"]
     ledger.path.write_text("{not json")
     with pytest.raises(DeployError, match=r"host ledger .* cannot be read"):
         ledger.read()
@@ -128,12 +130,14 @@ def test_ledger_path_follows_the_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_
     assert ledger_path() == tmp_path / "x" / "ups" / "hosts-ledger.json"
 
 
-def test_offers_carry_machines_and_excluded_ones_are_left_out() -> None:
-    """The search rows' machine_id/host_id reach the offer; excluded machines are dropped."""
-    rows = [{"id": 1, "machine_id": 10, "host_id": 100}, {"id": 2, "machine_id": 20}, {"id": 3}]
-    offer = Offer.from_api(rows[0])
-    assert (offer.machine_id, offer.host_id) == (10, 100)
-    assert [r["id"] for r in without_machines(rows, {10})] == [2, 3]
+def test_offers_carry_machines() -> None:
+    """The search rows' machine_id/host_id reach the typed offer (as strings), the row
+    itself rides along opaque."""
+    row = {"id": 1, "machine_id": 10, "host_id": 100, "gpu_ram": 24564, "reliability": 0.99}
+    offer = offer_of(row, False)
+    assert (offer.id, offer.machine_id, offer.host_id) == ("1", "10", "100")
+    assert offer.gpu_ram_gb == pytest.approx(24.564) and offer.data is row
+    assert offer_of({"id": 3}, False).machine_id is None
 
 
 def test_api_retry_table() -> None:

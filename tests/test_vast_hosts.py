@@ -110,20 +110,21 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
         assert f"destroyed instance {by_offer[bad].id} (bad host:" in out
     entries = _ledger(tmp_path)["failures"]
     assert [(e["machine_id"], e["offer_id"], e["host_id"]) for e in entries] == [
-        (1020, 102, 10200),
-        (1010, 101, 10100),
+        ("1020", "102", "10200"),
+        ("1010", "101", "10100"),
     ]
     assert "shm" in entries[0]["failure"] and "nvml error" in entries[1]["failure"]
     measured = {m["machine_id"]: m for m in _ledger(tmp_path)["measured"]}
-    assert sorted(measured) == [1020, 1050], measured
-    assert not measured[1020]["passed"] and measured[1050]["passed"]
-    fast, slow_step = measured[1050]["figures"]["step"], measured[1020]["figures"]["step"]
+    assert sorted(measured) == ["1020", "1050"], measured
+    assert not measured["1020"]["passed"] and measured["1050"]["passed"]
+    fast, slow_step = measured["1050"]["figures"]["step"], measured["1020"]["figures"]["step"]
     assert slow_step < 0.5 * known <= fast, (slow_step, known, fast)
     # This CPU is a model with no known-good matmul: measured and recorded, no floor.
-    assert measured[1050]["figures"]["matmul"] > 0 and "matmul" not in measured[1050]["known_good"]
+    assert measured["1050"]["figures"]["matmul"] > 0
+    assert "matmul" not in measured["1050"]["known_good"]
     assert "matmul" in out and "no known-good figure for this CPU: recorded, no floor" in out
     # The measure: offers tried per bad host, seconds per bad host (create to destroyed).
-    timings = re.search(r"vast timings since start: (.*)", out)
+    timings = re.search(r"timings since start: (.*)", out)
     assert timings, out[-2000:]
     per_host = [float(s) for s in re.findall(r"bad host \d+ ([\d.]+) s", timings.group(1))]
     assert len(per_host) == 2
@@ -199,7 +200,7 @@ def test_retried_create_leaves_one_instance_and_destroy_500_is_retried(
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]
     (kept,) = fake_vast.live()
     (dup,) = fake_vast.destroyed.values()
-    assert dup.id < kept.id and dup.label == kept.label == "ups:vast:dup"
+    assert dup.id < kept.id and dup.label == kept.label == "ups:vast:dup@1"
     assert f"found instance {dup.id} with this run's label, made by a retried create" in out
     assert f"destroyed instance {dup.id} (duplicate from a retried create)" in out
     assert f"instance {kept.id} keeps running detached" in out

@@ -78,11 +78,11 @@ def test_happy_path_provision_train_fetch_destroy(
     assert (run_dir / "logs" / "launch.log").stat().st_size > 0
     (inst,) = fake_vast.destroyed.values()
     assert f"destroyed instance {inst.id}" in out
-    assert inst.label == "ups:vast:vast-e2e"
+    assert inst.label == "ups:vast:vast-e2e@1"
     assert fake_vast.live() == [] and fake_vast.namespace_pids(inst) == []
     assert inst.billed_s["running"] > 0
     # The watchdog was armed from boot, with no key on its command line.
-    watchdog_log = inst.root / "disk" / "workspace" / ".ups" / "vast" / "watchdog.log"
+    watchdog_log = inst.root / "disk" / "workspace" / ".ups" / "watchdog" / "watchdog.log"
     assert "watchdog armed" in watchdog_log.read_text()
     assert fake_vast.api_key not in out + result.stderr
     assert _leaked(fake_vast, fake_vast.api_key) == []
@@ -193,9 +193,9 @@ def test_watchdog_destroys_after_max_hours_without_laptop(
         "the deadline to fall mid-training, so raise WATCHDOG_MAX_HOURS"
     )
     assert fake_vast.wait_empty(timeout=240), "the watchdog did not destroy the instance"
-    log = (disk / ".ups" / "vast" / "watchdog.log").read_text()
+    log = (disk / ".ups" / "watchdog" / "watchdog.log").read_text()
     assert "max_hours reached" in log and "watchdog ending instance" in log
-    key_path = disk / ".ups" / "vast" / "watchdog.key"
+    key_path = disk / ".ups" / "watchdog" / "watchdog.key"
     assert key_path.stat().st_mode & 0o777 == 0o600
     outcome = json.loads((disk / "runs" / "laptop-gone" / "outcome.json").read_text())
     assert outcome["outcome"] == "preempted", outcome

@@ -1,4 +1,5 @@
-"""The vast kind's pure logic: the instance state machine, offer choice, labels, onstart."""
+"""The rented kind's pure logic on Vast: the instance state machine, offer choice, labels,
+onstart."""
 
 from __future__ import annotations
 
@@ -8,26 +9,30 @@ from typing import Any
 import pytest
 
 from ups.deploy.errors import DeployError
-from ups.deploy.hosts import VastHost, load_hosts
+from ups.deploy.hosts import load_hosts
+from ups.deploy.managed.offers import choose, search
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import Rented
 from ups.deploy.managed.record import State as Record
-from ups.deploy.managed.rental_plan import search
-from ups.deploy.providers import NoOffer, label_for, parse_label
-from ups.deploy.providers.vast.instance import Instance, State, state_of
-from ups.deploy.providers.vast.offers import choose
+from ups.deploy.providers import Instance, NoOffer, Offer, RunLabel, label_for, parse_label
+from ups.deploy.providers.vast.client import ACCOUNT
+from ups.deploy.providers.vast.instance import State, instance_of, state_of
+from ups.deploy.providers.vast.offers import offer_of
+from ups.deploy.providers.vast.options import VastHost
+from ups.deploy.providers.vast.provider import CAPABILITIES
 
-OFFERS = [
+ROWS = [
     {"id": 1, "dph_total": 0.9, "min_bid": 0.4, "gpu_name": "RTX 4090", "num_gpus": 2},
     {"id": 2, "dph_total": 0.6, "min_bid": 0.2, "gpu_name": "RTX 4090", "num_gpus": 2},
 ]
+OFFERS = [offer_of(row, interruptible=True) for row in ROWS]
 
 
 def _inst(**fields: Any) -> Instance:
     row = {"id": 5, "label": "ups:vast:r1", "actual_status": None, "intended_status": "running",
            "cur_state": "running", "status_msg": "", "dph_total": 0.5,
            "duration": 7200.0}  # fmt: skip
-    return Instance.from_api({**row, **fields})
+    return instance_of({**row, **fields})
 
 
 @pytest.mark.parametrize(
@@ -57,24 +62,28 @@ def test_gone_and_cost() -> None:
 
 def test_labels_round_trip() -> None:
     """Labels name host and run; other people's instances are not ups's."""
-    assert parse_label(label_for("vast", "demo-1")) == ("vast", "demo-1")
+    assert parse_label(label_for("vast", "demo-1")) == RunLabel("vast", "demo-1")
+    assert parse_label(label_for("vast", "demo-1", 4)) == RunLabel("vast", "demo-1", 4)
+    assert parse_label("ups:vast:demo-1@4").older_than(5)  # type: ignore[union-attr]
+    assert not parse_label("ups:vast:demo-1@5").older_than(5)  # type: ignore[union-attr]
+    assert parse_label("ups:vast:demo-1").older_than(1)  # type: ignore[union-attr]
     assert parse_label("my notebook") is None and parse_label(None) is None
 
 
 def test_choose_first_under_cap_in_api_order() -> None:
     """The API's order wins among offers under the cap; interruptible compares the bid."""
-    assert choose(OFFERS, 1.0, False, "q").id == 1
-    assert choose(OFFERS, 0.7, False, "q").id == 2
-    assert choose(OFFERS, 0.3, True, "q").id == 2  # min bid 0.2 <= 0.3, offer 1 needs 0.4
-    assert choose(OFFERS, 0.45, 0.45, "q").id == 1  # an explicit bid
+    assert choose(OFFERS, 1.0, False, "Vast", "q").id == "1"
+    assert choose(OFFERS, 0.7, False, "Vast", "q").id == "2"
+    assert choose(OFFERS, 0.3, True, "Vast", "q").id == "2"  # min bid 0.2 <= 0.3; 1 needs 0.4
+    assert choose(OFFERS, 0.45, 0.45, "Vast", "q").id == "1"  # an explicit bid
 
 
 def test_choose_names_near_miss() -> None:
     """Nothing under the cap: the error names the cheapest offer and its price."""
     with pytest.raises(NoOffer, match=r"offer 2: 2x RTX 4090 .* at \$0\.600/h"):
-        choose(OFFERS, 0.5, False, "q")
+        choose(OFFERS, 0.5, False, "Vast", "q")
     with pytest.raises(NoOffer, match="no Vast offer matches"):
-        choose([], 0.5, False, "q")
+        choose([], 0.5, False, "Vast", "q")
 
 
 def test_vast_entry_validation(tmp_path: Path) -> None:
@@ -89,18 +98,20 @@ def test_vast_entry_validation(tmp_path: Path) -> None:
 
 def test_onstart_carries_no_secret_and_fits() -> None:
     """The onstart script starts the watchdog with no key in it and stays under Vast's 4 KB."""
-    from ups.deploy.providers.vast.watchdog import onstart_command
+    from ups.deploy.providers.watchdog import onstart_command
 
     spec = VastHost(offer="num_gpus=1", max_price_per_hour=1.0, vast_url="http://x")
     script = onstart_command(spec, 1.8e9)
     assert len(script.encode()) < 4000
-    assert "ups.deploy.providers.vast.watchdog" in script and "--deadline 1800000000" in script
+    assert "ups.deploy.providers.watchdog --provider vast" in script
+    assert "--deadline 1800000000" in script and "--start-timeout 3600" in script
+    assert "--endpoint http://x" in script
     assert "KEY" not in script.upper().replace("NO_AUTO_TMUX", "")
 
 
 def test_watchdog_poll_comes_from_hosts_yaml() -> None:
     """``watchdog_poll_s`` reaches the watchdog's command line (2 s when unset)."""
-    from ups.deploy.providers.vast.watchdog import onstart_command
+    from ups.deploy.providers.watchdog import onstart_command
 
     spec = VastHost(name="v", offer="num_gpus=1", max_price_per_hour=1.0)
     assert "--poll 2 " in onstart_command(spec, 1.8e9)
@@ -126,7 +137,9 @@ def test_a_rented_instance_is_a_container_host_of_the_shared_fields() -> None:
 def _record(*rented: tuple[int, float | None]) -> Record:
     record = Record(run_id="r1", host="vast", config="/c.yaml", hosts_file=None, overrides=[])
     for instance_id, ended in rented:
-        record.instances.append(Rented(instance_id, instance_id * 10, None, 0.5, 0.0, ended))
+        record.instances.append(
+            Rented(str(instance_id), str(instance_id * 10), None, 0.5, 0.0, ended)
+        )
     return record
 
 
@@ -141,13 +154,14 @@ def test_reconcile_follows_the_live_instance_and_blames_only_a_failed_host() -> 
     running = _inst(id=8, actual_status="running", duration=60.0)
     verdict = reconcile(_record((7, None), (8, None)), [loading, running])
     assert verdict.follow is running
-    assert verdict.end == [(7, "a second loading instance of run r1")]
+    assert verdict.end == [("7", "a second loading instance of run r1")]
     outbid = _inst(id=7, actual_status="exited", cur_state="stopped")
     failed = _inst(id=8, actual_status="offline")
     verdict = reconcile(_record((7, None), (8, None), (9, None)), [outbid, failed])
-    assert verdict.follow is None and verdict.host_faults == [8]
+    assert verdict.follow is None and verdict.host_faults == ["8"]
     assert verdict.recovery is not None and "outbid" in verdict.recovery
-    assert verdict.gone == [(9, verdict.gone[0][1])] and "while no supervisor" in verdict.gone[0][1]
+    assert verdict.gone == [("9", verdict.gone[0][1])]
+    assert "while no supervisor" in verdict.gone[0][1]
     assert reconcile(_record((7, 3.0)), []).continue_local
 
 
@@ -177,7 +191,9 @@ def test_a_supervisor_killed_at_each_phase_of_a_recovery_is_picked_up(
     replacement nor counts a second recovery for the one loss."""
     verdict = reconcile(_record(*recorded), [_inst(**row) for row in listed])
     assert verdict.end == [] and verdict.recovery is None, phase
-    assert (verdict.follow.id if verdict.follow else None) == follow, phase
+    assert (verdict.follow.id if verdict.follow else None) == (str(follow) if follow else None), (
+        phase
+    )
     assert verdict.continue_local == (follow is None), phase
 
 
@@ -185,16 +201,18 @@ def test_all_matching_offers_excluded_is_not_no_offer(tmp_path: Path, monkeypatc
     """When offers matched but ups left every one out itself, the error says so, each with
     why; "no Vast offer matches" is kept for a query that matched nothing."""
 
-    class FakeSearch:  # FAKE: stands for the Vast API's offer search only
-        def search_offers(self, *args: Any) -> list[dict[str, Any]]:
-            return [{**o, "machine_id": 100 + o["id"]} for o in OFFERS]
+    class FakeSearch:  # FAKE: stands for the Vast provider's offer search only
+        name, account, capabilities = "vast", ACCOUNT, CAPABILITIES
+
+        def search(self, *args: Any) -> list[Offer]:
+            return [offer_of({**o, "machine_id": 100 + o["id"]}, False) for o in ROWS]
 
     monkeypatch.setenv("UPS_STATE_DIR", str(tmp_path))
     spec = VastHost(name="v", offer="num_gpus=2", max_price_per_hour=1.0)
     with pytest.raises(NoOffer) as err:
-        search(FakeSearch(), spec, machines=[102], offers=[1])  # type: ignore[arg-type]
+        search(FakeSearch(), spec, machines=["102"], offers=["1"])  # type: ignore[arg-type]
     text = str(err.value)
-    assert "2 Vast offer(s) matched 'num_gpus=2'; all were excluded" in text
+    assert "2 Vast offer(s) matched query 'num_gpus=2'; all were excluded" in text
     assert "offer 1 on machine 101: its instance was lost earlier in this run" in text
     assert "offer 2 on machine 102: its machine failed in this deploy" in text
     assert "no Vast offer matches" not in text

@@ -161,7 +161,7 @@ def test_outbid_script_run_resumes_from_the_bucket_on_a_new_instance_bit_for_bit
     assert proc.returncode == 0, out[-4000:] + err[-3000:]
     assert f"instance {first.id} lost: outbid" in out
     assert "recovery 1/3: resuming run outbid from its newest checkpoint in the bucket" in out
-    assert "vast summary: run outbid: 2 instance(s) used (" in out and "1 recovery(ies)" in out
+    assert "run summary: run outbid: 2 instance(s) used (" in out and "1 recovery(ies)" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     second = next(i for i in fake_vast.destroyed.values() if i.id != first.id)
     assert second.offer["id"] != first.offer["id"]  # the outbid machine is taken
@@ -214,10 +214,12 @@ def test_vanished_host_recovers_then_max_recoveries_stops(
     fake_vast.vanish(second.id)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 8, out[-4000:] + err[-3000:]
-    assert f"instance {first.id} lost: vanished from the Vast API" in out
+    assert f"instance {first.id} lost: vanished from the provider's API" in out
     assert "max_recoveries 1 is used up" in err and "step 10" in err
     assert "Traceback" not in err
-    assert re.search(r"2 instance\(s\) used \(\d+ \$[0-9.]+, \d+ \$[0-9.]+\), 1 recovery", out)
+    assert re.search(
+        r"2 instance\(s\) used \(vast \d+ \$[0-9.]+, vast \d+ \$[0-9.]+\), 1 recovery", out
+    )
     assert fake_vast.live() == []
     assert len(_events(log, RECOVERY_EVENT)) == 1
 
@@ -237,7 +239,7 @@ def test_deterministic_failure_is_not_relaunched(
     assert proc.returncode == 65, out[-4000:] + err[-3000:]
     assert "run nan is not relaunched: non-finite loss" in out
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 1
-    assert re.search(r"1 instance\(s\) used \(\d+ \$[0-9.]+\), 0 recovery", out)
+    assert re.search(r"1 instance\(s\) used \(vast \d+ \$[0-9.]+\), 0 recovery", out)
 
 
 def test_log_cut_and_retry_verdicts(tmp_path: Path) -> None:

@@ -50,10 +50,10 @@ def test_state_and_lease_live_in_the_bucket_too(s3_server: S3Server, tmp_path: P
         state,
         bucket_state.mirror(bucket, "r1", said.append),
     )
-    sup.rented(7001, 101, 1010, 0.5)
+    sup.rented("7001", "101", "1010", 0.5, provider="vast", host="vast", epoch=1)
     remote = bucket.get_bytes("r1/run.json")
     assert remote is not None and remote == sup.path.read_bytes()
-    assert json.loads(remote)["instances"][0]["machine_id"] == 1010
+    assert json.loads(remote)["instances"][0]["machine_id"] == "1010"
 
     first = Lease(tmp_path / "a" / "r1", "r1", "detached", bucket)
     first.take("fab logs --host vast --run r1")
@@ -125,8 +125,8 @@ def test_logs_of_a_run_whose_instance_is_gone_come_from_the_bucket(
     import io
 
     from tests.deploy_fixtures import REPO
-    from ups.deploy.hosts import VastHost
     from ups.deploy.managed.ops import saved_log
+    from ups.deploy.providers.vast.options import VastHost
 
     spec = VastHost(name="vast", offer="num_gpus=1", max_price_per_hour=1.0)
 

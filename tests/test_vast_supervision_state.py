@@ -31,11 +31,12 @@ def test_every_change_is_saved_as_strict_json_and_read_back(tmp_path: Path) -> N
     run_dir = tmp_path / "r1"
     sup, known = supervision.Supervision.load_or_new(run_dir, _state())
     assert not known
-    sup.rented(7001, offer_id=101, machine_id=None, price=3600.0)
-    sup.machine(7001, 1010)
+    sup.rented("7001", offer_id="101", machine_id=None, price=3600.0, provider="vast",
+               host="vast", epoch=1)  # fmt: skip
+    sup.machine("7001", "1010")
     sup.synced(10)
-    sup.instance_ended(7001, "lost: outbid")
-    sup.recovery("outbid", 7001)
+    sup.instance_ended("7001", "lost: outbid")
+    sup.recovery("outbid", "7001")
     assert sup.state.status is supervision.RunStatus.RECOVERING
     sup.resumes_from(10, 5)
     sup.trains_again(12.5)
@@ -46,11 +47,11 @@ def test_every_change_is_saved_as_strict_json_and_read_back(tmp_path: Path) -> N
     st = again.state
     assert (st.recoveries, st.steps_lost, [c.step for c in st.checkpoints]) == (1, 5, [10])
     (recovery,) = st.history
-    assert (recovery.number, recovery.lost_instance, recovery.reason) == (1, 7001, "outbid")
+    assert (recovery.number, recovery.lost_instance, recovery.reason) == (1, "7001", "outbid")
     assert (recovery.resume_step, recovery.steps_lost, recovery.downtime_s) == (10, 5, 12.5)
     assert st.status is supervision.RunStatus.RUNNING
     (rec,) = st.instances
-    assert (rec.offer_id, rec.machine_id, rec.end_reason) == (101, 1010, "lost: outbid")
+    assert (rec.offer_id, rec.machine_id, rec.end_reason) == ("101", "1010", "lost: outbid")
     assert rec.ended is not None and st.cost() == pytest.approx(rec.ended - rec.started)
     assert st.current() is None
     assert [s.run_id for s in supervision.all_runs(tmp_path)] == ["r1"]

@@ -164,7 +164,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     code, out, err = _done(proc, 120)
     assert code == 130, out[-2000:] + err[-2000:]
     # The plan said what happened: the run's instance picked up, no new rental.
-    assert f"vast plan: run again picks up its instance {inst.id} if it still runs" in (
+    assert f"rental plan: run again picks up its instance {inst.id} if it still runs" in (
         "".join(lines) + out
     )
     assert "interrupted (Ctrl-C)" in err, err[-2000:]
@@ -172,7 +172,9 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     steps = [e["step"] for e in _events(log, "train_step")]
     assert steps == sorted(set(steps)), "a step logged twice or out of order"
     state = json.loads((run_dir / "run.json").read_text())
-    assert state["recoveries"] == 0 and [i["instance_id"] for i in state["instances"]] == [inst.id]
+    assert state["recoveries"] == 0 and [i["instance_id"] for i in state["instances"]] == [
+        str(inst.id)
+    ]
     print(f"\nMEASURE supervisor restart -> following: {following:.1f} s")
 
 
@@ -221,7 +223,7 @@ def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     state = json.loads((run_dir / "run.json").read_text())
     assert state["recoveries"] == 1 and state["ended"] == "exit 0"
-    assert [i["instance_id"] for i in state["instances"]] == [first.id, second.id]
+    assert [i["instance_id"] for i in state["instances"]] == [str(first.id), str(second.id)]
     assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
     assert "outbid" in state["history"][0]["reason"]
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
@@ -285,12 +287,12 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
         )
         assert s3_server.secret_key in creds.read_text()
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
-    assert marked["resume_step"] == 10 and marked["lost_instance"] == first.id
+    assert marked["resume_step"] == 10 and marked["lost_instance"] == str(first.id)
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     # The account covers both instances, the one lost while nobody supervised included:
     # one cost each, and the total is their sum.
-    summary = next(line for line in out.splitlines() if "vast summary: run unsup-s3" in line)
+    summary = next(line for line in out.splitlines() if "run summary: run unsup-s3" in line)
     costs = [float(c) for c in re.findall(r"\d+ \$([0-9.]+)", summary.split("used (")[1])]
     total = float(summary.split("about $")[1].split(" ")[0])
     assert len(costs) == 2 and total == pytest.approx(sum(costs), abs=2e-4), summary
@@ -298,7 +300,7 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert record["status"] == "finished" and len(record["instances"]) == 2
     assert record["bucket_checkpoint"] == 20  # the bucket's newest committed checkpoint
     (recovery,) = record["history"]
-    assert recovery["lost_instance"] == first.id and recovery["resume_step"] == 10
+    assert recovery["lost_instance"] == str(first.id) and recovery["resume_step"] == 10
     assert recovery["downtime_s"] is not None
 
     # From a third machine with only the bucket: every step once, the recovery mark (naming
@@ -319,7 +321,7 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert steps == sorted(set(steps)) and steps[-1] == 19, steps  # 0-based, every 5th
     lines = replay.read_text().splitlines()
     mark = next(i for i, line in enumerate(lines) if RECOVERY_EVENT in line)
-    assert json.loads(lines[mark])["lost_instance"] == first.id
+    assert json.loads(lines[mark])["lost_instance"] == str(first.id)
     before = [e["step"] for e in _events(lines[:mark], "train_step")]
     after = [e["step"] for e in _events(lines[mark:], "train_step")]
     assert max(before) < 10 <= min(after)  # checkpoint 10: steps 0-9 done before it

@@ -97,7 +97,8 @@ def test_run_file_secrets_come_from_env_file_and_never_reach_the_plan(tmp_path: 
     names = [s.name for s in plan.steps]
     assert names.index("sync") < names.index("check-data") < names.index("start")
     assert "d/x.h5" in (plan.step("check-data").command or "")
-    assert plan.launch_argv[:4] == ["ups", "launch", "--run-file", plan.remote.state("run.json")]
+    run_file = plan.remote.state("run-file.json")
+    assert plan.launch_argv[:4] == ["ups", "launch", "--run-file", run_file]
     assert plan.resume_name == "train"
 
 

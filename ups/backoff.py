@@ -3,9 +3,10 @@
 *Whether* a failure is worth another try is decided elsewhere: ``ups/retry.py`` for a
 run's outcome, the caller's exception types for a connection or an API call. This module
 only says how the waits grow: ``first * factor**n`` seconds before try ``n + 2``, capped
-at ``max_s``. Tenacity runs the retries where a function is simply called again
-(:meth:`Policy.wait`); loops that poll a state or stream keep their own loop and take
-their sleeps from :meth:`Policy.delays`.
+at ``max_s``. A provider declares its own API's policies
+(:class:`ups.deploy.providers.base.Backoff`). Tenacity runs the retries where a function
+is simply called again (:meth:`Policy.wait`); loops that poll a state or stream keep
+their own loop and take their sleeps from :meth:`Policy.delays`.
 """
 
 from __future__ import annotations
@@ -54,14 +55,6 @@ class Policy:
 
 SSH_CONNECT = Policy("ssh_connect", first=1.0, factor=2.0, max_s=30.0)
 """A connect that failed for network reasons (an sshd still starting)."""
-VAST_API = Policy("vast_api", first=0.5, factor=2.0, max_s=15.0)
-"""Vast's 429/5xx without a Retry-After header."""
-VAST_DESTROY = Policy("vast_destroy", first=1.0, factor=2.0, max_s=10.0)
-"""Destroying an instance again after a server error, and showing it until it is gone."""
-VAST_RUNNING = Policy("vast_running", first=1.0, factor=1.5, max_s=10.0)
-"""Polling a new instance until it runs; the growth keeps within the API's rate limit."""
-VAST_SSH = Policy("vast_ssh", first=1.0, factor=2.0, max_s=8.0)
-"""A running instance whose sshd or keys are not there yet."""
 LOG_STREAM = Policy("log_stream", first=0.25, factor=2.0, max_s=8.0)
 """Reconnecting a dropped log stream: the first retry fast, a dead link not hammered."""
 LAUNCH_RESTART = Policy("launch_restart", first=10.0, factor=2.0, max_s=300.0)
@@ -73,10 +66,6 @@ POLICIES = {
     p.name: p
     for p in (
         SSH_CONNECT,
-        VAST_API,
-        VAST_DESTROY,
-        VAST_RUNNING,
-        VAST_SSH,
         LOG_STREAM,
         LAUNCH_RESTART,
         BUCKET_SYNC,

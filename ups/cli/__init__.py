@@ -21,13 +21,13 @@ COMMANDS = {
     "status": ("ups.cli.deploy:status", "is a deployed run alive, its outcome (fab status)"),
     "stop": ("ups.cli.deploy:stop", "stop a deployed run gracefully (fab stop)"),
     "fetch": ("ups.cli.deploy:fetch", "copy a deployed run's outputs home (fab fetch)"),
-    "instances": ("ups.cli.deploy:instances", "list ups's Vast instances (fab instances)"),
+    "instances": ("ups.cli.deploy:instances", "list ups's rented instances (fab instances)"),
     "down": (
         "ups.cli.deploy:down",
-        "destroy ups's Vast instances, cancel its Slurm job (fab down)",
+        "destroy ups's rented instances, cancel its Slurm job (fab down)",
     ),
-    "hosts": ("ups.cli.hosts", "Vast machines that failed here and are skipped (host ledger)"),
-    "supervise": ("ups.cli.supervise", "follow and recover a vast run (--detach starts it)"),
+    "hosts": ("ups.cli.hosts", "rented machines that failed here and are skipped (host ledger)"),
+    "supervise": ("ups.cli.supervise", "follow and recover a managed run (--detach starts it)"),
 }
 
 

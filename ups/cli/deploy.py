@@ -29,8 +29,9 @@ SUMMARY = {
     "stop": "Stop gracefully: SIGTERM, wait for the preemption checkpoint and outcome.json.",
     "fetch": "Copy everything the run wrote (checkpoints, outcome, logs, config, W&B) to "
     "DEST/<run>.",
-    "instances": "List every ups-labelled Vast instance: state, run, $/h and cost so far.",
-    "down": "Destroy the Vast instances ups created for this host entry (or one run); on a "
+    "instances": "List every ups-labelled instance on the entry's provider account: state, run, "
+    "$/h and cost so far.",
+    "down": "Destroy the instances ups rented for this host entry (or one run); on a "
     "slurm entry, cancel the run's job.",
 }
 """One line per command: `fab --list`, `ups --help` and each command's --help show it."""
@@ -57,7 +58,7 @@ HELP = {
     "save": "also write the raw remote log to this local file",
     "timeout": "seconds to wait for the checkpoint",
     "dest": "local directory (default: runs)",
-    "vast-host": "a kind: vast entry (its API settings)",
+    "vast-host": "a rented entry (kind: vast, runpod, ...: its provider and API settings)",
     "down-run": "only this run's instance (default: every one of this host); slurm: this "
     "run's job (default: the last deployed)",
     "ledger": "also show the host ledger: machines that failed here and are skipped",

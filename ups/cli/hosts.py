@@ -1,4 +1,4 @@
-"""``ups hosts``: the host ledger: every Vast machine a burn-in measured here (what it
+"""``ups hosts``: the host ledger: every rented machine a burn-in measured here (what it
 delivered, what a sample cost), and the machines that failed a deploy here and why.
 
 Machines with an entry younger than ``ledger_ttl_h`` (hosts.yaml, default 72) are left out
@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="ups hosts",
-        description="Show the host ledger: Vast machines measured here (burn-in figures, $/h, "
+        description="Show the host ledger: rented machines measured here (burn-in figures, $/h, "
         "$ per million samples) and those that failed here (a driver or pull error, never "
         "running, SSH silent, preflight or burn-in failing there), when and why.",
     )

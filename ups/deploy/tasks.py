@@ -169,7 +169,7 @@ def logs(
     mirror = Path(save) if save else None
     try:
         return _on_each(host, hosts_file, out, lambda a: operate.logs(a.target, run, mirror), run)
-    except HostGone as gone:  # e.g. a vast run whose instance is gone: its saved log
+    except HostGone as gone:  # e.g. a rented run whose instance is gone: its saved log
         if gone.replay is None:
             raise
         return gone.replay(out)
@@ -230,7 +230,7 @@ def fetch(
 def instances(
     host: str, *, hosts_file: str | None = None, ledger: bool = False, out: TextIO = sys.stdout
 ) -> int:
-    from ups.deploy.kinds import vast as kind
+    from ups.deploy.kinds import rented as kind
 
     return kind.instances(host, hosts_file, out, ledger)
 

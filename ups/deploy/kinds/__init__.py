@@ -1,10 +1,11 @@
 """Host kinds behind one interface, found through one registry.
 
-Each kind (``container``, ``docker``, ``vast``, and ``group``: one job on several
-container hosts, a composition of the container kind) exposes ``KIND``, an object with
+Each kind (``container``, ``docker``, ``slurm``, ``rented``: an entry of any provider's
+kind, and ``group``: one job on several container hosts, a composition of the container
+kind) exposes ``KIND``, an object with
 the :class:`HostKind` methods. :func:`of` and :func:`for_hosts` are the only places that
 look at an entry's ``kind`` to choose; the callers (``ups.deploy.tasks``) never branch
-on it. Kinds load on first use, so a docker deploy never imports the Vast SDK and no
+on it. Kinds load on first use, so a docker deploy never imports a provider's SDK and no
 kind imports torch.
 
 As torchx's ``submit_dryrun``: :meth:`HostKind.plan` builds the whole deploy once, as an
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from ups.deploy.entries import RentedHost
 from ups.deploy.errors import UsageError
 from ups.deploy.frontend import command
 from ups.deploy.hosts import AddressedHost, HostSpec
@@ -26,11 +28,13 @@ from ups.deploy.request import OPTIONS, DeployRequest, given
 from ups.deploy.transport.remote import RemoteRun
 
 GROUP = "group"
+RENTED = "rented"
+"""The kind of every provider's entry (``kind: vast``, ...): the managed run."""
 
 _MODULES = {
     "container": "ups.deploy.kinds.container",
     "docker": "ups.deploy.kinds.docker",
-    "vast": "ups.deploy.kinds.vast",
+    RENTED: "ups.deploy.kinds.rented",
     GROUP: "ups.deploy.kinds.group",
     "slurm": "ups.deploy.kinds.slurm",
 }
@@ -76,7 +80,7 @@ class HostKind(Protocol):
         known_hosts: Path,
         out: TextIO,
     ) -> KindPlan:
-        """Plan the deploy (contacting nothing but, for vast, the offer search)."""
+        """Plan the deploy (contacting nothing but, for a rented entry, the offer search)."""
         ...
 
     def attach(self, spec: HostSpec, run: str | None) -> AddressedHost:
@@ -105,7 +109,7 @@ def no_down(spec: HostSpec) -> UsageError:
     """`fab down` on a kind that holds nothing to end."""
     return UsageError(
         f"host {spec.name!r} is kind {spec.kind}: {command('down')} ends what ups holds for an "
-        "entry (the Vast instances it rented, the Slurm job it queued), and a "
+        "entry (the instances it rented, the Slurm job it queued), and a "
         f"{spec.kind} host is yours. Stop a run on it with "
         f"{command('stop', '--host', spec.name)}."
     )
@@ -118,8 +122,8 @@ def get(name: str) -> HostKind:
 
 
 def of(spec: HostSpec) -> HostKind:
-    """The kind of one hosts.yaml entry."""
-    return get(spec.kind)
+    """The kind of one hosts.yaml entry (every provider's entry is the rented kind)."""
+    return get(RENTED if isinstance(spec, RentedHost) else spec.kind)
 
 
 def for_hosts(specs: Sequence[HostSpec], host: str) -> HostKind:
@@ -127,9 +131,9 @@ def for_hosts(specs: Sequence[HostSpec], host: str) -> HostKind:
     (a job on several hosts is made of container hosts only)."""
     if len(specs) == 1:
         return of(specs[0])
-    if any(spec.kind == "vast" for spec in specs):
+    if any(isinstance(spec, RentedHost) for spec in specs):
         raise UsageError(
-            f"--host {host}: a vast entry rents its own single instance; it cannot be a "
+            f"--host {host}: a rented entry rents its own single instance; it cannot be a "
             "node of a multi-host job yet. Deploy it alone (--host NAME)."
         )
     others = [f"{s.name} ({s.kind})" for s in specs if s.kind != "container"]

@@ -1,17 +1,20 @@
-"""Keep one run going across Vast instances: notice a lost instance, rent another, resume.
+"""Keep one run going across rented instances: notice a lost instance, rent another, resume.
 
 While a run is followed, a :class:`~ups.deploy.managed.watch.Monitor` asks the API about
 the instance every ``monitor_s`` and new checkpoints are copied home
 (:mod:`ups.deploy.managed.checkpoints`). The instance is lost when the API shows it outbid or
 stopped, no longer lists it, or SSH stays unreachable for ``ssh_lost_s``. :class:`Keeper`
 then ends it (stop or destroy, so it can never train the run beside its successor),
-rents the next matching offer under the same cap, runs setup and preflight there,
-uploads the newest good checkpoint with the local log, and resumes the same run id. A
+rents where the run's recovery policy says (the next matching offer under the same cap,
+or another provider when this one has none: :mod:`ups.deploy.managed.acquire`), runs
+setup and preflight there, uploads the newest good checkpoint with the local log, and
+resumes the same run id. While it supervises, :class:`~ups.deploy.managed.fence.Sweeper`
+ends any instance of the run that a supervisor of an older lease epoch created. A
 run that ends by itself is relaunched only when ``ups/retry.py`` calls its cause
 retryable. ``max_recoveries`` and ``max_hours`` (one deadline across all instances)
 bound everything; past them the deploy exits 8.
 
-What ``fab deploy --host vast`` runs around it (every instance ended on every path) is
+What ``fab deploy`` on a rented entry runs around it (every instance ended on every path) is
 :func:`ups.deploy.managed.run.run`.
 """
 
@@ -19,17 +22,19 @@ from __future__ import annotations
 
 import posixpath
 import time
+from collections.abc import Mapping
 
 import psutil
 
 from ups.bucket import Bucket
+from ups.deploy.entries import RentedHost
 from ups.deploy.errors import DeployError, PreflightFailed, UsageError
 from ups.deploy.frontend import command
-from ups.deploy.hosts import VastHost
-from ups.deploy.managed.acquire import rent
+from ups.deploy.managed.acquire import Where, move_on, rent
 from ups.deploy.managed.checkpoints import CheckpointSync, Synced, newest_good
 from ups.deploy.managed.errors import InstanceFailed, RecoveriesExhausted
 from ups.deploy.managed.faults import HostFault, preflight_reason, preflight_side
+from ups.deploy.managed.fence import Sweeper
 from ups.deploy.managed.lifecycle import Lifecycle
 from ups.deploy.managed.measured import record_figures
 from ups.deploy.managed.reconcile import reconcile
@@ -51,11 +56,12 @@ from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.onhost.runs import existing, read_result
+from ups.deploy.providers import Instance, Provider, Side, Trigger
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Side
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target
 from ups.deploy.transport.session import run as run_remote
+from ups.outcome import Outcome
 from ups.retry import retry_verdict
 
 __all__ = ["RECOVERY_EVENT", "Keeper", "host_or_user"]
@@ -69,15 +75,19 @@ class Keeper:
         self,
         lifecycle: Lifecycle,
         env: dict[str, str],
-        watchdog_key: str | None,
+        watchdog_keys: Mapping[str, str | None],
         sup: Supervision,
+        where: Where,
         bucket: Bucket | None = None,
     ):
         self.lc = lifecycle
+        self.where = where
+        """Where the run rents: its entries, its recovery policy, what it left out."""
         self.sup = sup
         self.bucket = bucket
         self.env = env
-        self.watchdog_key = watchdog_key
+        self.watchdog_keys = watchdog_keys
+        """Per rented entry: the scoped key its watchdog acts with (None: the instance's)."""
         plan = lifecycle.plan
         self.run_id = plan.run_id
         self.run_dir = plan.local_runs / plan.run_id
@@ -93,13 +103,14 @@ class Keeper:
         )
         self.legs: list[Leg] = []
         """The instances this supervisor worked on (the record has every one of the run)."""
-        self.lost_offers: set[int] = set()
         self.started = process_started()
         self.synced: list[Synced] = []
         self.pending: Pending | None = None
+        self.outcome: Outcome | None = None
+        """The run's own ``outcome.json`` as it last ended (the truth the record copies)."""
 
     @property
-    def spec(self) -> VastHost:
+    def spec(self) -> RentedHost:
         return self.lc.plan.spec
 
     @property
@@ -112,14 +123,39 @@ class Keeper:
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> int:
         leg = self.pick_up()
-        while True:
-            try:
-                if leg is not None:
-                    return self.on_instance(leg)
-                return rent(self.lc, self.on_rented)
-            except InstanceLost as lost:
-                self.recover(self.legs[-1], lost.reason)
-                leg = None
+        sweeper = Sweeper(
+            self.where.market,
+            self.run_id,
+            self.lc.epoch,
+            mine=self.mine,
+            end=self.end_stray,
+            every_s=self.spec.monitor_s,
+        )
+        sweeper.start()
+        try:
+            while True:
+                try:
+                    if leg is not None:
+                        return self.on_instance(leg)
+                    return rent(self.lc, self.on_rented, self.where)
+                except InstanceLost as lost:
+                    self.recover(self.legs[-1], lost.reason)
+                    leg = None
+        finally:
+            sweeper.stop()
+
+    def mine(self) -> set[tuple[str, str]]:
+        """The instances this supervisor created or adopted: (provider, id)."""
+        return {(self.lc.provider.name, i) for i in self.lc.created} | {
+            (r.provider, r.instance_id) for r in self.sup.state.instances if r.ended is None
+        }
+
+    def end_stray(self, provider: Provider, inst: Instance, why: str) -> None:
+        """End an instance of the run that a supervisor of an older epoch created, and
+        record it with its cost (the fence)."""
+        self.say(f"instance {inst.id} ({provider.name}, {inst.label}): {why}; destroying it")
+        self.lc.destroy(inst.id, why, provider=provider)
+        self.sup.stray_ended(provider.name, inst, why)
 
     def pick_up(self) -> Leg | None:
         """The first step of every supervisor: the instance to follow (``Leg.attach``), or
@@ -131,8 +167,9 @@ class Keeper:
                 f"run {state.run_id} already ended ({state.ended}; {sup.path}). Start a new "
                 "run with another --run ID (or without --run)."
             )
-        listed = lc.provider.list(lc.plan.label)
-        verdict = reconcile(state, listed)
+        found = self.where.market.instances(state.run_id)
+        owner = {inst.id: provider for provider, inst in found}
+        verdict = reconcile(state, [inst for _, inst in found])
         if verdict.continue_local:
             self.continue_local()
             return None
@@ -141,28 +178,36 @@ class Keeper:
         lc.plan = lc.plan.with_deadline(deadline)
         for instance_id, why in verdict.end:
             self.say(f"instance {instance_id} of run {state.run_id}: {why}")
-            self.end_lost(instance_id, why)
+            self.end_lost(instance_id, why, owner.get(instance_id))
         for instance_id, why in verdict.gone:
             self.say(f"instance {instance_id} of run {state.run_id}: {why}")
             sup.instance_ended(instance_id, f"lost: {why}")
         keep = verdict.follow
         if keep is not None:
+            self.follow_entry(keep, owner[keep.id])
             lc.created.append(keep.id)  # ended per on_exit when this supervisor ends
-            found = [r for r in state.instances if r.instance_id == keep.id]
+            recorded = [r for r in state.instances if r.instance_id == keep.id]
             # Not in the record: rented by a supervisor killed before it could save.
-            if not found:
-                sup.rented(keep.id, -1, keep.machine_id, keep.dph_total)
+            if not recorded:
+                run = keep.run
+                sup.rented(
+                    keep.id, "", keep.machine_id, keep.price_per_hour,
+                    provider=keep.provider, host=run.host if run else "",
+                    epoch=run.epoch if run else None,
+                )  # fmt: skip
             leg = Leg(keep.id, attach=True)
             self.legs.append(leg)
             self.say(f"picking up run {state.run_id}: instance {keep.id} is {keep.state.value}")
             return leg
         reason = verdict.recovery or ""
         faulty = set(verdict.host_faults)
-        self.lost_offers |= {r.offer_id for r in state.instances if r.instance_id in faulty}
+        self.where.offers |= {
+            (r.provider, r.offer_id) for r in state.instances if r.instance_id in faulty
+        }
         lost = verdict.end[0][0] if verdict.end else verdict.gone[0][0] if verdict.gone else None
         self.count(reason, lost)
         self.pending = self.points.after_loss(reason, lost, time.monotonic())
-        lc.plan = lc.plan.with_next_offer(lc.provider, self.lost_offers)
+        move_on(lc, self.where, Trigger.LOST, reason, 1)
         self.say(
             f"recovery {self.recoveries}/{self.spec.max_recoveries}: picking up run "
             f"{state.run_id} ({reason}) from step {self.pending.resume_step} on "
@@ -170,16 +215,29 @@ class Keeper:
         )
         return None
 
-    def leg(self, instance_id: int) -> Leg:
+    def follow_entry(self, inst: Instance, provider: Provider) -> None:
+        """Point the lifecycle at the entry (and provider) of an instance to follow."""
+        run = inst.run
+        name = run.host if run else ""
+        if name in self.where.market.names and name != self.lc.plan.spec.name:
+            spec = self.where.market.entry(name)
+            self.lc.provider = provider
+            self.lc.plan = self.lc.plan.at_entry(spec, provider)
+
+    def leg(self, instance_id: str) -> Leg:
         """Record a new instance of this run (its price and start: its cost) before
         anything else can fail."""
         leg = Leg(instance_id)
         self.legs.append(leg)
-        offer = self.lc.plan.offer
-        self.sup.rented(instance_id, offer.id, offer.machine_id, self.lc.plan.price)
+        plan = self.lc.plan
+        offer = plan.offer
+        self.sup.rented(
+            instance_id, offer.id, offer.machine_id, plan.price,
+            provider=offer.provider, host=plan.spec.name, epoch=self.lc.epoch,
+        )  # fmt: skip
         return leg
 
-    def on_rented(self, instance_id: int) -> int:
+    def on_rented(self, instance_id: str) -> int:
         """Train on a freshly rented instance; a bad host is ended in the state too (the
         rental destroys it and takes the next offer)."""
         try:
@@ -218,7 +276,7 @@ class Keeper:
         self.sup.machine(leg.instance_id, inst.machine_id)
         self._mark("running")
         target = self.lc.wait_ssh(inst, deadline)
-        self.lc.prepare(target, self.watchdog_key)
+        self.lc.prepare(target, self.watchdog_keys.get(self.spec.name))
         self.upload(target)
         return target
 
@@ -247,7 +305,7 @@ class Keeper:
                 "(its supervisor was interrupted): setting it up now"
             )
             self.sup.machine(leg.instance_id, inst.machine_id)
-            self.lc.prepare(target, self.watchdog_key)
+            self.lc.prepare(target, self.watchdog_keys.get(self.spec.name))
             if self.pending is None:  # the interrupted recovery cut and marked the log
                 self.pending = self.points.adopted()
             self.upload(target)
@@ -263,12 +321,13 @@ class Keeper:
         ``attach``: the instance was rented by an earlier supervisor; a run already there
         (alive or ended) is followed from where the local log stops, never launched again.
         """
-        spec = self.spec  # the vast entry: the instance's container host has no rental knobs
+        spec = self.spec  # the rented entry: the instance's container host has no rental knobs
         while True:
             conn = target.connect()
             try:
                 found = existing(target, conn, self.run_id) if attach else None
                 if found is None:
+                    self.lc.fence()  # preflight and start change the host
                     plan, _ = operate.prepare(
                         target,
                         conn,
@@ -334,6 +393,7 @@ class Keeper:
             _, outcome = read_result(conn, plan.remote, target.spec)
         finally:
             conn.close()
+        self.outcome = outcome
         retryable, why = retry_verdict(outcome, code)
         if code != 0 and retryable and time.time() < self.lc.plan.deadline_epoch:
             self.count(f"the run ended: {why}", None)
@@ -388,7 +448,7 @@ class Keeper:
             self.pending.mark(phase)
 
     # -- recovery -----------------------------------------------------------------------
-    def count(self, reason: str, lost_instance: int | None) -> None:
+    def count(self, reason: str, lost_instance: str | None) -> None:
         """Count one recovery in the record; raise :class:`RecoveriesExhausted` past the
         bounds."""
         newest = newest_good(self.run_dir / "checkpoints")
@@ -420,10 +480,11 @@ class Keeper:
         self.end_lost(leg.instance_id, reason)
         spent = sum(r.cost() for r in self.sup.state.instances if r.instance_id == leg.instance_id)
         self.say(f"instance {leg.instance_id} lost: {reason} (about ${spent:.4f} spent on it)")
-        self.lost_offers.add(self.lc.plan.offer.id)
+        offer = self.lc.plan.offer
+        self.where.offers.add((offer.provider, offer.id))
         self.count(reason, leg.instance_id)
         self.pending = self.points.after_loss(reason, leg.instance_id, detected)
-        self.lc.plan = self.lc.plan.with_next_offer(self.lc.provider, self.lost_offers)
+        move_on(self.lc, self.where, Trigger.LOST, reason, 1)
         where = (
             "from its newest checkpoint in the bucket (ups launch restores it there as UPS_RESUME)"
             if self.lc.plan.workload is not None
@@ -435,11 +496,11 @@ class Keeper:
             f"{where} on {self.lc.plan.offer.describe()} at ${self.lc.plan.price:.3f}/h"
         )
 
-    def end_lost(self, instance_id: int, reason: str) -> None:
+    def end_lost(self, instance_id: str, reason: str, provider: Provider | None = None) -> None:
         """Stop or destroy a lost instance and record that it ended."""
         stale = "stop" if self.spec.on_exit == "keep" else self.spec.on_exit
         try:  # never two instances training one run: a resumed bid instance must not
-            self.lc.end(instance_id, stale, f"lost: {reason}")
+            self.lc.end(instance_id, stale, f"lost: {reason}", provider=provider)
         except DeployError as err:
             self.say(f"warning: could not {stale} lost instance {instance_id} yet: {err}")
         self.sup.instance_ended(instance_id, f"lost: {reason}")
@@ -463,6 +524,7 @@ class Keeper:
         p = self.pending
         if p is None or p.resume_step < 0:
             return
+        self.lc.fence()  # it changes the host
         remote = self.plan_on(target).remote
         ckpts = posixpath.join(remote.run_dir, "checkpoints")
         conn = target.connect()
@@ -486,15 +548,20 @@ class Keeper:
         or an earlier one's), each with its cost, and the total."""
         state = self.sup.state
         each = ", ".join(
-            f"{r.instance_id} ${r.cost():.4f}{'' if r.ended else ' (running)'}"
+            f"{r.provider} {r.instance_id} ${r.cost():.4f}{'' if r.ended else ' (running)'}"
             for r in state.instances
         )
         sent = sum(s.sent for s in self.synced)
+        moves = "".join(
+            f"; moved from {m.from_host} to {m.to_host}: {m.reason}"
+            + (f" (first step {m.first_step_s:.1f} s later)" if m.first_step_s else "")
+            for m in state.moves
+        )
         return (
-            f"vast summary: run {self.run_id}: {len(state.instances)} instance(s) used "
+            f"run summary: run {self.run_id}: {len(state.instances)} instance(s) used "
             f"({each}), {state.recoveries} recovery(ies), about ${state.cost():.4f} in all; "
             f"time lost to recoveries {state.downtime_s():.1f} s and {state.steps_lost} steps "
-            f"recomputed; {len(self.synced)} checkpoint(s) synced ({sent} bytes)"
+            f"recomputed; {len(self.synced)} checkpoint(s) synced ({sent} bytes){moves}"
         )
 
 

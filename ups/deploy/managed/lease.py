@@ -121,6 +121,9 @@ class Holder:
     """``following`` (a deploy in a terminal) or ``detached`` (``ups supervise``)."""
     since: float
     expires: float
+    epoch: int = 0
+    """The holder's lease epoch: one more than every holder's before it (the fence's
+    label on every instance it creates)."""
 
     def alive(self, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -233,6 +236,8 @@ class Lease:
         self.pid = os.getpid()
         self.lost = False
         """Set once another supervisor holds the run: nothing may act for it any more."""
+        self.epoch = 0
+        """This holder's epoch, set by :meth:`take`: newer than any holder's before it."""
         self._taker: Holder | None = None
         self._since = time.time()
         self._etag: str | None = None
@@ -263,6 +268,7 @@ class Lease:
             mode=self.mode,
             since=self._since,
             expires=time.time() + self.ttl_s,
+            epoch=self.epoch,
         )
 
     def _encoded(self) -> bytes:
@@ -271,9 +277,12 @@ class Lease:
     def _write(self) -> None:
         atomic_write_text(self.run_dir / LEASE_FILE, jsonio.dumps(asdict(self._mine())) + "\n")
 
-    def take(self, follow_hint: str) -> None:
+    def take(self, follow_hint: str, after_epoch: int = 0) -> None:
         """Hold the run or raise :class:`LeaseHeld` naming who does (``follow_hint``: the
-        command that watches the run instead, as :func:`ups.deploy.frontend.command` writes)."""
+        command that watches the run instead, as :func:`ups.deploy.frontend.command` writes).
+        The epoch taken is one more than ``after_epoch`` (the run record's) and than any
+        earlier holder's found here or in the bucket."""
+        self.epoch = after_epoch + 1
 
         def refuse(held: Holder) -> LeaseHeld:
             return LeaseHeld(
@@ -286,6 +295,8 @@ class Lease:
             held = read(self.run_dir)
             if held is not None and held.token != self.token and held.alive():
                 raise refuse(held)
+            if held is not None:
+                self.epoch = max(self.epoch, held.epoch + 1)
             self._write()
         if self.bucket is not None:
             from ups.bucket import BucketError
@@ -333,6 +344,9 @@ class Lease:
                 return None
             if held is not None and held.alive():
                 return held
+            if held is not None and held.epoch >= self.epoch:
+                self.epoch = held.epoch + 1  # a dead holder elsewhere: newer than it
+                self._write()
             try:
                 if stored is None:
                     self._etag = bucket.put_if_absent(self._key, self._encoded())
@@ -346,6 +360,8 @@ class Lease:
 
     def _claim_read_back(self, bucket: Bucket) -> Holder | None:
         held = read_bucket(bucket, self.run_id)
+        if held is not None and held.token != self.token and held.epoch >= self.epoch:
+            self.epoch = held.epoch + 1
         if held is None or held.token == self.token or not held.alive():
             bucket.put_bytes(self._key, self._encoded())
             time.sleep(SETTLE_S)  # a rival's write in flight lands before the read-back

@@ -1,4 +1,4 @@
-"""The host ledger: Vast machines that failed a deploy here, so later deploys skip them, and
+"""The host ledger: rented machines that failed a deploy here, so later deploys skip them, and
 every machine's burn-in figures, so later deploys rank offers by what they deliver.
 
 Offer order is deterministic: without a memory of bad machines, the next deploy searches
@@ -26,6 +26,7 @@ from typing import Any
 
 from ups import jsonio
 from ups.deploy.errors import DeployError
+from ups.deploy.providers import UNNAMED
 from ups.fsio import atomic_write_text
 from ups.statedir import state_dir
 
@@ -34,12 +35,17 @@ KEEP_DAYS = 30.0
 """Entries older than this are dropped when the ledger is next written."""
 
 
+def _ids(entry: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """An entry with its ids as strings (the previous release wrote them as numbers)."""
+    return {k: (str(v) if k in keys and v is not None else v) for k, v in entry.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
-    machine_id: int
-    host_id: int | None
-    offer_id: int
-    instance_id: int | None
+    machine_id: str
+    host_id: str | None
+    offer_id: str
+    instance_id: str | None
     failure: str
     """What failed, in a few words (the status message, the failing step)."""
     at: float
@@ -47,6 +53,13 @@ class Failure:
     run_id: str
     host: str
     """The hosts.yaml entry that rented it."""
+    provider: str = UNNAMED
+    """Whose machine ids these are (:data:`~ups.deploy.providers.UNNAMED` for the previous
+    release's entries)."""
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> Failure:
+        return cls(**_ids(entry, "machine_id", "host_id", "offer_id", "instance_id"))
 
     def describe(self) -> str:
         return f"machine {self.machine_id} (offer {self.offer_id}): {self.failure}"
@@ -54,7 +67,7 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    machine_id: int
+    machine_id: str
     gpu_name: str
     num_gpus: int
     figures: dict[str, float]
@@ -68,8 +81,13 @@ class Measurement:
     host: str
     passed: bool
     """False when a figure was below its floor (the machine is then also a failure)."""
-    offer_id: int | None = None
+    offer_id: str | None = None
     known_good: dict[str, float] = field(default_factory=dict)
+    provider: str = UNNAMED
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> Measurement:
+        return cls(**_ids(entry, "machine_id", "offer_id"))
 
     @property
     def samples_per_s(self) -> float | None:
@@ -92,18 +110,18 @@ class Ledger:
 
     def read(self) -> list[Failure]:
         """Every failure, oldest first; a missing file is an empty ledger."""
-        return [Failure(**entry) for entry in self._raw().get("failures", [])]
+        return [Failure.from_json(entry) for entry in self._raw().get("failures", [])]
 
     def measurements(self) -> list[Measurement]:
         """Every machine measured, oldest first."""
-        return [Measurement(**entry) for entry in self._raw().get("measured", [])]
+        return [Measurement.from_json(entry) for entry in self._raw().get("measured", [])]
 
     def _raw(self) -> dict[str, Any]:
         try:
             raw = json.loads(self.path.read_text())
             # Built here so a malformed entry is reported like a malformed file.
-            [Failure(**e) for e in raw.get("failures", [])]
-            [Measurement(**e) for e in raw.get("measured", [])]
+            [Failure.from_json(e) for e in raw.get("failures", [])]
+            [Measurement.from_json(e) for e in raw.get("measured", [])]
             return dict(raw)
         except FileNotFoundError:
             return {}
@@ -135,9 +153,9 @@ class Ledger:
         horizon = (time.time() if now is None else now) - ttl_h * 3600.0
         return [f for f in self.read() if f.at >= horizon]
 
-    def excluded(self, ttl_h: float, now: float | None = None) -> set[int]:
-        """Machine ids to leave out of an offer search."""
-        return {f.machine_id for f in self.recent(ttl_h, now)}
+    def excluded(self, ttl_h: float, provider: str, now: float | None = None) -> set[str]:
+        """Machine ids of ``provider`` to leave out of an offer search."""
+        return {f.machine_id for f in self.recent(ttl_h, now) if f.provider == provider}
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -154,7 +172,7 @@ def render(failures: list[Failure], ttl_h: float, now: float | None = None) -> s
     """The ledger as a table for people (``ups hosts``, ``fab instances --ledger``)."""
     now = time.time() if now is None else now
     if not failures:
-        return "the host ledger is empty: no Vast machine has failed a deploy here"
+        return "the host ledger is empty: no rented machine has failed a deploy here"
     header = f"{'machine':>9} {'host':>8} {'offer':>9} {'instance':>9}  {'age':>7}  skip  failure"
     lines = [header]
     for f in sorted(failures, key=lambda f: f.at, reverse=True):

@@ -1,4 +1,4 @@
-"""Carry out a :class:`VastPlan`: create, wait for running and SSH, deploy, fetch, end.
+"""Carry out a :class:`RentalPlan`: create, wait for running and SSH, deploy, fetch, end.
 
 Each phase is its own method so a recovery loop (outbid, vanished host) can run them
 again for a new instance. Every instance this object creates, or finds by its label after
@@ -18,14 +18,13 @@ from typing import Any
 
 import paramiko
 
-from ups.backoff import VAST_DESTROY, VAST_RUNNING, VAST_SSH
 from ups.deploy.errors import DeployError, HostKeyChanged
 from ups.deploy.frontend import command
 from ups.deploy.managed.faults import HostFault, UserFault
-from ups.deploy.managed.rental_plan import VastPlan, container_spec
+from ups.deploy.managed.rental_plan import RentalPlan, container_spec
 from ups.deploy.onhost.fetch import fetch as fetch_run
+from ups.deploy.providers import Instance, Provider, ProviderApiError, Side
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, Side
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.connect import connect
 from ups.deploy.transport.hostkeys import known_hosts_name, load_into, save_host_keys
@@ -81,20 +80,32 @@ class Lifecycle:
     def __init__(
         self,
         provider: Provider,
-        plan: VastPlan,
+        plan: RentalPlan,
         known_hosts: Path,
         out: Any,
         fence: Callable[[], None] = _unfenced,
+        epoch: int = 0,
     ) -> None:
         self.provider = provider
         self.fence = fence
-        """The supervisor's lease check, before every create, stop and destroy."""
+        """The supervisor's lease check, before every create, stop and destroy and every
+        SSH step that changes the host (setup, checkpoint upload, start)."""
+        self.epoch = epoch
+        """The supervisor's lease epoch: every instance it creates carries it in its label."""
         self.plan = plan
         self.known_hosts = known_hosts
         self.out = out
-        self.created: list[int] = []
+        self.created: list[str] = []
         self.timings: dict[str, float] = {}
         self._t0 = time.monotonic()
+
+    def move_to(self, provider: Provider, plan: RentalPlan, reason: str) -> None:
+        """Rent from another provider from now on: the instances created on this one are
+        ended per on_exit first (never two providers billing one run)."""
+        for problem in self.teardown(reason):
+            self.say(f"warning: {problem}")
+        self.created.clear()
+        self.provider, self.plan = provider, plan
 
     def say(self, text: str) -> None:
         self.out.write(text + "\n")
@@ -104,7 +115,7 @@ class Lifecycle:
         self.timings[phase] = time.monotonic() - self._t0
 
     # -- phases -------------------------------------------------------------------------
-    def create(self) -> int:
+    def create(self) -> str:
         """Create an instance from the plan's offer; then end any duplicate the API made.
 
         A create is not idempotent: one that timed out at a gateway may have made an
@@ -112,20 +123,21 @@ class Lifecycle:
         label is listed and every instance carrying it that ups does not use is destroyed.
         """
         plan = self.plan
+        request = plan.create_request(self.epoch)
         self.fence()
         self.say(f"creating instance from {plan.offer.describe()} at ${plan.price:.3f}/h")
         try:
-            instance_id = self.provider.create(plan.offer.id, **plan.create_fields())
+            instance_id = self.provider.create(plan.offer, request)
         except ProviderApiError:
             self.reconcile(None)  # a create that errored may still have made an instance
             raise
-        self.created.append(int(instance_id))
-        self.say(f"created instance {instance_id} ({plan.label})")
-        self.reconcile(int(instance_id))
+        self.created.append(instance_id)
+        self.say(f"created instance {instance_id} ({request.label})")
+        self.reconcile(instance_id)
         self.mark("create")
-        return int(instance_id)
+        return instance_id
 
-    def reconcile(self, using: int | None) -> list[int]:
+    def reconcile(self, using: str | None) -> list[str]:
         """Destroy every instance labelled for this run that ups did not mean to have.
 
         ``using`` is the instance just created (None after a failed create); instances
@@ -133,7 +145,7 @@ class Lifecycle:
         :meth:`teardown`. Returns the ids destroyed.
         """
         try:
-            listed = self.provider.list(self.plan.label)
+            listed = self.provider.list(self.plan.run_id)
         except ProviderApiError as err:
             self.say(f"warning: could not list instances to look for a duplicate: {err}")
             return []
@@ -151,10 +163,10 @@ class Lifecycle:
                 self.say(f"warning: could not destroy duplicate instance {instance_id} yet: {err}")
         return extra
 
-    def wait_running(self, instance_id: int, deadline: float) -> RentedInstance:
+    def wait_running(self, instance_id: str, deadline: float) -> Instance:
         """Poll until RUNNING; FAILED (image pull...), GONE or the deadline raise."""
-        delays = VAST_RUNNING.delays()
-        last: RentedInstance | None = None
+        delays = self.provider.backoff.running.delays()
+        last: Instance | None = None
         while time.monotonic() < deadline:
             last = self.provider.get(instance_id)
             state = last.state if last else State.GONE
@@ -164,10 +176,10 @@ class Lifecycle:
                 return last
             # OUTBID while booting is a bid not (yet) scheduled: keep waiting to the deadline.
             if state in (State.FAILED, State.GONE, State.STOPPED):
-                msg = last.status_msg if last else "the API no longer lists it"
+                msg = last.status_message if last else "the API no longer lists it"
                 raise self._will_not_run(instance_id, state, msg or "no message", last)
             time.sleep(next(delays))  # polling the API; backoff keeps within its rate limit
-        status = f"{last.state.value}, {last.status_msg or 'no message'}" if last else "unknown"
+        status = f"{last.state.value}, {last.status_message or 'no message'}" if last else "unknown"
         raise HostFault(
             f"instance {instance_id} did not reach running within "
             f"{self.plan.spec.boot_timeout_s:.0f} s (last status: {status}). Raise "
@@ -176,36 +188,36 @@ class Lifecycle:
         )
 
     def _will_not_run(
-        self, instance_id: int, state: State, msg: str, inst: RentedInstance | None
+        self, instance_id: str, state: State, msg: str, inst: Instance | None
     ) -> HostFault | UserFault:
         """The instance's status says it never will run: whose fault, per the provider."""
         fault = self.provider.fault_of(inst) if inst is not None else None
-        if fault is not None and fault[0] is Side.USER:
+        if fault is not None and fault.side is Side.USER:
             return UserFault(
                 f"instance {instance_id} will not run ({state.value}): {msg}. That is "
-                f"{fault[1]}, which every host would repeat, so no other offer is tried. "
+                f"{fault.meaning}, which every host would repeat, so no other offer is tried. "
                 f"Check 'image' in hosts.yaml ({self.plan.spec.image}): it must exist and be "
-                "public, or pushed where Vast can pull it with a login."
+                f"public, or pushed where {self.plan.title} can pull it with a login."
             )
-        meaning = fault[1] if fault is not None else f"the instance is {state.value}"
+        meaning = fault.meaning if fault is not None else f"the instance is {state.value}"
         return HostFault(
             f"instance {instance_id} will not run ({state.value}): {msg}. That is {meaning}: "
             "a fault of this machine, not of the run.",
             f"{meaning}: {msg}",
         )
 
-    def reached(self, inst: RentedInstance) -> bool:
+    def reached(self, inst: Instance) -> bool:
         """Whether ups has reached this instance over SSH before (its host key recorded)."""
         assert inst.ssh_host and inst.ssh_port
         return knows_host(self.known_hosts, known_hosts_name(inst.ssh_host, inst.ssh_port))
 
-    def wait_ssh(self, inst: RentedInstance, deadline: float) -> Target:
-        """Retry SSH with backoff until it answers (Vast installs keys after 'running')."""
+    def wait_ssh(self, inst: Instance, deadline: float) -> Target:
+        """Retry SSH with backoff until it answers (keys may arrive after 'running')."""
         assert inst.ssh_host and inst.ssh_port
         spec = container_spec(self.plan.spec, inst.ssh_host, inst.ssh_port)
         forget_host_key(self.known_hosts, known_hosts_name(inst.ssh_host, inst.ssh_port))
         self.say(f"waiting for SSH on {inst.ssh_host}:{inst.ssh_port} (keys arrive after running)")
-        delays = VAST_SSH.delays()
+        delays = self.provider.backoff.ssh.delays()
         last: DeployError | None = None
         while time.monotonic() < deadline:
             try:
@@ -223,17 +235,19 @@ class Lifecycle:
         raise HostFault(
             f"instance {inst.id} never answered SSH at {inst.ssh_host}:{inst.ssh_port} within "
             f"{self.plan.spec.boot_timeout_s:.0f} s: {last}. Check that your SSH public key is "
-            "on your Vast account (https://cloud.vast.ai/manage-keys/) and 'key' in hosts.yaml.",
+            f"on your {self.plan.title} account ({self.provider.account.key_page}) and 'key' in "
+            "hosts.yaml.",
             f"SSH never answered within {self.plan.spec.boot_timeout_s:.0f} s",
         )
 
     def prepare(self, target: Target, watchdog_key: str | None) -> None:
         """Workdir, the watchdog's scoped key (0600), and the entry's setup command."""
         spec = target.spec
+        self.fence()  # it changes the host: only the run's supervisor may
         conn = target.connect()
         try:
-            vast_dir = self.plan.watchdog_file(spec.workdir)
-            run_remote(conn, rc.argv("mkdir", "-p", vast_dir), spec)
+            watch_dir = self.plan.watchdog_file(spec.workdir)
+            run_remote(conn, rc.argv("mkdir", "-p", watch_dir), spec)
             if watchdog_key:
                 write_private(conn, self.plan.watchdog_key_file(spec.workdir), watchdog_key)
             if setup := self.plan.spec.setup:
@@ -252,6 +266,7 @@ class Lifecycle:
     def fetch(self, target: Target, exclude: Sequence[str] = ()) -> None:
         """Hold the watchdog back with a lease, then copy the run directory home (all but
         ``exclude``: the checkpoints already synced)."""
+        self.fence()
         conn = target.connect()
         try:
             lease = self.plan.watchdog_lease_file(target.spec.workdir)
@@ -273,7 +288,7 @@ class Lifecycle:
                     problems.append(
                         f"could NOT {on_exit} instance {instance_id}: {err} It may still be "
                         f"billing: run {self._down()} or destroy it at "
-                        "https://cloud.vast.ai/instances/."
+                        f"{self.provider.account.console}."
                     )
         return problems
 
@@ -281,9 +296,13 @@ class Lifecycle:
         """The command that destroys this run's instance."""
         return command("down", "--host", self.plan.spec.name, "--run", self.plan.run_id)
 
-    def end(self, instance_id: int, on_exit: str, reason: str) -> None:
-        """End one instance per ``on_exit`` (destroy, stop, keep) and say so with its cost."""
-        inst = self.provider.get(instance_id)
+    def end(
+        self, instance_id: str, on_exit: str, reason: str, provider: Provider | None = None
+    ) -> None:
+        """End one instance per ``on_exit`` (destroy, stop, keep) and say so with its cost
+        (on ``provider``, default the one the run rents from now)."""
+        provider = provider or self.provider
+        inst = provider.get(instance_id)
         cost = f", about ${inst.cost_so_far:.2f} so far" if inst else ""
         if on_exit == "keep":
             self.say(
@@ -296,20 +315,23 @@ class Lifecycle:
             return
         if on_exit == "stop":
             self.fence()
-            self.provider.stop(instance_id)
+            provider.stop(instance_id)
             self.say(f"stopped instance {instance_id} ({reason}){cost}; its disk still bills")
             return
-        self.destroy(instance_id, reason, cost)
+        self.destroy(instance_id, reason, cost, provider=provider)
 
-    def destroy(self, instance_id: int, reason: str, cost: str = "") -> None:
+    def destroy(
+        self, instance_id: str, reason: str, cost: str = "", provider: Provider | None = None
+    ) -> None:
         """Destroy (retried on server errors, ``ups.retry.API_RETRY``), then show the
         instance until the API no longer lists it running; raise if it still is."""
+        provider = provider or self.provider
         self.fence()
-        self.provider.destroy(instance_id)
+        provider.destroy(instance_id)
         deadline = time.monotonic() + DESTROY_VERIFY_S
-        delays = VAST_DESTROY.delays()
+        delays = provider.backoff.destroy.delays()
         while True:
-            inst = self.provider.get(instance_id)
+            inst = provider.get(instance_id)
             if inst is None or inst.state is not State.RUNNING:
                 break
             if time.monotonic() >= deadline:
@@ -320,7 +342,7 @@ class Lifecycle:
             time.sleep(next(delays))  # polling the API until the destroy shows
         self.say(f"destroyed instance {instance_id} ({reason}){cost}")
 
-    def discard(self, instance_id: int, reason: str) -> None:
+    def discard(self, instance_id: str, reason: str) -> None:
         """Destroy an instance on a bad machine whatever ``on_exit`` says: nothing on it is
         worth keeping, and it must not bill."""
         self.destroy(instance_id, reason)
@@ -337,7 +359,7 @@ def knows_host(known_hosts: Path, name: str) -> bool:
 
 
 def forget_host_key(known_hosts: Path, name: str) -> None:
-    """Drop a recorded key for an address Vast just handed to a new instance."""
+    """Drop a recorded key for an address the provider just handed to a new instance."""
     if not known_hosts.exists():
         return
     client = paramiko.SSHClient()

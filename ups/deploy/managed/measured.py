@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 
 from ups.deploy.managed.ledger import Ledger, Measurement
-from ups.deploy.managed.rental_plan import VastPlan
+from ups.deploy.managed.rental_plan import RentalPlan
 from ups.preflight.figures import below_floor, figures, workload
 
 
 def record_figures(
-    plan: VastPlan, report: str, say: Callable[[str], None], ledger: Ledger | None = None
+    plan: RentalPlan, report: str, say: Callable[[str], None], ledger: Ledger | None = None
 ) -> Measurement | None:
     """The burn-in figures of ``report`` (the remote preflight table) as a ledger entry for
     ``plan``'s machine; None when the report has none (burn-in off) or no machine is known."""
@@ -32,6 +32,7 @@ def record_figures(
         passed=not below_floor(report),
         offer_id=offer.id,
         known_good={name: row.known for name, row in found.items() if row.known is not None},
+        provider=offer.provider,
     )
     (ledger or Ledger()).measured(entry)
     per_m = entry.usd_per_msample()

@@ -1,4 +1,5 @@
-"""What the vast kind does: plan and run a deploy, ``instances``, ``down``, attach."""
+"""What a rented entry does (on every provider): plan and run a managed deploy,
+``instances``, ``down``, attach, ``ups supervise``."""
 
 from __future__ import annotations
 
@@ -14,21 +15,25 @@ from typing import TextIO
 
 from ups.bucket import Bucket, BucketError
 from ups.console.format import render_line
-from ups.deploy import providers
+from ups.deploy.entries import ContainerHost, RentedHost
 from ups.deploy.errors import DeployError, HostGone, UsageError
 from ups.deploy.frontend import command
-from ups.deploy.hosts import ContainerHost, VastHost, get_host
+from ups.deploy.hosts import get_host
 from ups.deploy.managed import background, lease
 from ups.deploy.managed import record as supervision
 from ups.deploy.managed import store as bucket_state
+from ups.deploy.managed.acquire import Where
 from ups.deploy.managed.ledger import Ledger, render
 from ups.deploy.managed.lifecycle import Lifecycle, describe_timings
-from ups.deploy.managed.rental_plan import VastPlan, build_vast_plan
+from ups.deploy.managed.market import Market
+from ups.deploy.managed.offers import NoneUnderCap
+from ups.deploy.managed.recovery import policy_for
+from ups.deploy.managed.rental_plan import RentalPlan, build_rental_plan
 from ups.deploy.managed.run import run
 from ups.deploy.onhost.operate import bucket_keys
 from ups.deploy.onhost.plan import load_run_config
+from ups.deploy.providers import Instance, NoOffer, Provider, ProviderApiError, RecoveryPolicy
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import Provider, ProviderApiError, RentedInstance, label_for, parse_label
 from ups.runid import run_id_problem
 from ups.workload import ScriptWorkload, WorkloadError, load_run_file
 
@@ -44,7 +49,7 @@ WANDB_WARNING = (
 )
 
 
-def _watchdog_key(spec: VastHost) -> str | None:
+def _watchdog_key(spec: RentedHost) -> str | None:
     if not spec.watchdog_key_file:
         return None
     path = Path(spec.watchdog_key_file).expanduser()
@@ -53,28 +58,33 @@ def _watchdog_key(spec: VastHost) -> str | None:
     except OSError as err:
         raise ProviderApiError(
             f"watchdog_key_file {path} of host {spec.name!r} cannot be read ({err.strerror}). "
-            "Save the scoped key there (docs/vast.md) or remove the setting to let the "
-            "watchdog use the instance's own key."
+            "Save the scoped key there (its provider's page under docs/) or remove the "
+            "setting to let the watchdog use the instance's own key."
         ) from None
 
 
 @dataclass
-class VastDeploy:
-    """The vast plan and what carrying it out needs; :meth:`run` rents and deploys it."""
+class ManagedDeploy:
+    """The rental plan and what carrying it out needs; :meth:`run` rents and deploys it."""
 
-    provider: Provider
-    plan: VastPlan
+    market: Market
+    """The entries the run may rent from (the plan's first), each with its provider."""
+    policy: RecoveryPolicy
+    plan: RentalPlan
     known_hosts: Path
     out: TextIO
     env: dict[str, str]
     skip_preflight: bool
-    watchdog_key: str | None
+    watchdog_keys: dict[str, str | None]
+    """Per rented entry of the run, its watchdog's scoped key (read before renting)."""
     mirror: Path | None
-    spec: VastHost
+    spec: RentedHost
     config: Path
     overrides: tuple[str, ...]
     hosts_file: str | None
     mode: str
+    passed_over: tuple[str, ...] = ()
+    """Entries before the plan's that had no offer when it was made, each with why."""
 
     def choose_run(self) -> None:
         """Nothing to decide on a host: the run's record says which run continues, and
@@ -85,7 +95,22 @@ class VastDeploy:
             self.plan = dataclasses.replace(self.plan, picks_up=current.instance_id)
 
     def render(self) -> str:
-        return self.plan.render()
+        text = self.plan.render()
+        here = self.plan.spec.name
+        others = [e for e in self.market.entries if e.name != here]
+        if not others:
+            return text
+        head, _, rest = text.partition("\n  W&B:")
+        lines = [f"\n  passed:   {why}" for why in self.passed_over]
+        moves = ", then ".join(
+            f"{e.name} ({e.kind}, cap ${e.max_price_per_hour or 0:.3f}/h)" for e in others
+        )
+        lines.append(
+            f"\n  failover: {moves}: when {here} has no offer under its cap or "
+            f"{self.plan.spec.max_offers} bad hosts in a row (policy {self.policy.name}); the "
+            "run resumes there from its newest checkpoint"
+        )
+        return head + "".join(lines) + "\n  W&B:" + rest
 
     def run(self) -> int:
         """Supervise the run: take its lease, rent (or pick up) and follow it; a detached
@@ -121,11 +146,15 @@ class VastDeploy:
         sup, known = supervision.Supervision.load_or_new(run_dir, fresh, mirror_to)
         mode = lease.DETACHING if detach else self.mode  # a detached deploy only starts it
         held = lease.Lease(run_dir, plan.run_id, mode, bucket, say=say, stop_main=True)
-        held.take(follow_hint=command("logs", "--host", spec.name, "--run", plan.run_id))
+        held.take(
+            follow_hint=command("logs", "--host", spec.name, "--run", plan.run_id),
+            after_epoch=sup.state.epoch,
+        )
         sup.fence = held.check
         try:
             if not known and bucket is not None:
                 known = _adopt(sup, bucket, say)
+            held.epoch = max(held.epoch, sup.state.epoch + 1)  # newer than the record's too
             if detach and known:  # the run exists: its background supervisor picks it up
                 if sup.state.ended:
                     raise UsageError(
@@ -134,18 +163,26 @@ class VastDeploy:
                     )
                 code = 0
             else:
-                lifecycle = Lifecycle(self.provider, plan, self.known_hosts, out, held.check)
+                sup.took_lease(held.epoch)
+                if self.passed_over and not sup.state.instances:
+                    sup.moved(spec.name, plan.spec.name, "; ".join(self.passed_over))
+                provider = self.market.provider(plan.spec)
+                lifecycle = Lifecycle(
+                    provider, plan, self.known_hosts, out, held.check, epoch=held.epoch
+                )
                 sup.supervised_by(supervision.Supervisor.this_process(self.mode))
+                where = Where(self.market, self.policy, on_move=sup.moved)
                 code = run(
                     lifecycle,
                     env=self.env,
                     skip_preflight=self.skip_preflight,
-                    watchdog_key=self.watchdog_key,
+                    watchdog_keys=self.watchdog_keys,
                     sup=sup,
+                    where=where,
                     bucket=bucket,
                     mirror=self.mirror,
                 )
-                lifecycle.say(f"vast timings since start: {describe_timings(lifecycle.timings)}")
+                lifecycle.say(f"timings since start: {describe_timings(lifecycle.timings)}")
         finally:
             held.release()
         if detach:
@@ -177,7 +214,7 @@ def _adopt(sup: supervision.Supervision, bucket: Bucket, say: Callable[[str], No
 
 
 def plan(
-    spec: VastHost,
+    spec: RentedHost,
     known_hosts: Path,
     config: Path,
     out: TextIO,
@@ -190,76 +227,111 @@ def plan(
     hosts_file: str | None = None,
     mode: str = "following",
     workload: ScriptWorkload | None = None,
-) -> VastDeploy:
+) -> ManagedDeploy:
     """Search offers and plan the rental and the deploy on it (creates nothing). ``mode``
     says how the run will be supervised: ``following`` in a terminal, or ``detached`` for
-    ``ups supervise``."""
+    ``ups supervise``. An entry that lists ``failover`` entries is planned on the first of
+    them (itself first) that has an offer under its cap."""
     env = dict(os.environ)
-    provider = _provider(spec)
-    watchdog_key = _watchdog_key(spec)  # read before renting: a bad path costs nothing
-    vast_plan = build_vast_plan(
-        spec,
-        config,
-        provider,
-        run_id=run_id,
-        overrides=overrides,
-        follow=follow,
-        skip_preflight=skip_preflight,
-        env=env,
-        workload=workload,
-    )
-    return VastDeploy(
-        provider,
-        vast_plan,
+    market = Market(entries_of(spec, hosts_file))
+    # Read before renting: a bad path costs nothing. Each provider's watchdog its own key.
+    watchdog_keys = {entry.name: _watchdog_key(entry) for entry in market.entries}
+    missed: list[str] = []
+    passed: list[str] = []
+    for entry in market.entries:
+        try:
+            rental = build_rental_plan(
+                entry,
+                config,
+                market.provider(entry),
+                run_id=run_id,
+                overrides=overrides,
+                follow=follow,
+                skip_preflight=skip_preflight,
+                env=env,
+                workload=workload,
+            )
+            break
+        except NoOffer as err:
+            missed.append(f"{entry.name}: {err}")
+            passed.append(f"{entry.name}: {err.short if isinstance(err, NoneUnderCap) else err}")
+    else:
+        raise NoOffer(" ".join(missed) if len(missed) == 1 else "; ".join(missed))
+    return ManagedDeploy(
+        market,
+        policy_for(market.entries),
+        rental,
         known_hosts,
         out,
         env,
         skip_preflight,
-        watchdog_key,
+        watchdog_keys,
         mirror,
         spec=spec,
         config=config,
         overrides=overrides,
         hosts_file=hosts_file,
         mode=mode,
+        passed_over=tuple(passed),
     )
 
 
-def _provider(spec: VastHost) -> Provider:
-    return providers.get("vast", vast_url=spec.vast_url)
+def entries_of(spec: RentedHost, hosts_file: str | None) -> list[RentedHost]:
+    """The entry and the entries it fails over to, in order (hosts.py checked they exist).
+    They keep one bucket: the run resumes on the next provider from its checkpoints."""
+    found = [spec]
+    for name in spec.failover:
+        other, _known = get_host(name, hosts_file)
+        assert isinstance(other, RentedHost), other
+        found.append(other)
+    buckets = {entry.checkpoint_sync for entry in found}
+    if len(buckets) > 1:
+        listed = ", ".join(f"{e.name}: {e.checkpoint_sync}" for e in found)
+        raise UsageError(
+            f"host {spec.name!r} fails over to {', '.join(spec.failover)}, but their "
+            f"checkpoint_sync differ ({listed}). A run that moves between providers keeps "
+            "one bucket, where the next one resumes it from: give them the same s3:// URL."
+        )
+    return found
 
 
-def ups_instances(provider: Provider, host: str | None = None) -> list[RentedInstance]:
+def _provider(spec: RentedHost) -> Provider:
+    return Market([spec]).provider(spec)
+
+
+def ups_instances(provider: Provider, host: str | None = None) -> list[Instance]:
     """Every instance with a ups label (for ``host`` only when given), reconciled live."""
-    found = [(i, parse_label(i.label)) for i in provider.list()]
-    return [i for i, run in found if run and (host is None or run[0] == host)]
+    found = [(i, i.run) for i in provider.list()]
+    return [i for i, run in found if run and (host is None or run.host == host)]
 
 
 def instances(
-    spec: VastHost, out: TextIO, ledger: bool = False, runs_dir: Path = Path("runs")
+    spec: RentedHost, out: TextIO, ledger: bool = False, runs_dir: Path = Path("runs")
 ) -> int:
     """The ups instances on the account, with each run's supervisor under ``runs_dir``; with
     ``ledger`` also the machines that failed."""
     if ledger:
         book = Ledger()
         out.write(f"host ledger: {book.path}\n{render(book.read(), spec.ledger_ttl_h)}\n\n")
-    rows = ups_instances(_provider(spec))
+    provider = _provider(spec)
+    rows = ups_instances(provider)
     runs = supervision.all_runs(runs_dir)
     if runs:
         out.write(describe_runs(runs, runs_dir) + "\n")
     if not rows:
-        out.write("no ups instances on this Vast account\n")
+        out.write(f"no ups instances on this {provider.account.title} account\n")
         return 0
     header = f"{'id':>10}  {'state':<8} {'host':<10} {'run':<32} {'$/h':>7} {'cost':>8}  ssh"
     lines = [header]
     total = 0.0
     for inst in rows:
-        host, run_id = parse_label(inst.label) or ("?", "?")
+        run = inst.run
+        host, run_id = (run.host, run.run_id) if run else ("?", "?")
         ssh = f"{inst.ssh_host}:{inst.ssh_port}" if inst.ssh_host else "-"
         total += inst.cost_so_far
         lines.append(
             f"{inst.id:>10}  {inst.state.value:<8} {host:<10} {run_id:<32} "
-            f"{inst.dph_total:>7.3f} {inst.cost_so_far:>8.2f}  {ssh}"
+            f"{inst.price_per_hour:>7.3f} {inst.cost_so_far:>8.2f}  {ssh}"
         )
     lines.append(f"{len(rows)} instance(s), about ${total:.2f} so far ($/h x time since start)")
     out.write("\n".join(lines) + "\n")
@@ -319,12 +391,15 @@ def _in_bucket(st: supervision.State) -> str:
     return f"; {bucket.url_of(st.run_id)}: step {ref.step}{age}"
 
 
-def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
+def down(spec: RentedHost, out: TextIO, run_id: str | None) -> int:
     """Destroy the instances of ``run_id`` (or every one this host entry created)."""
     provider = _provider(spec)
     runs_dir = Path("runs")
-    wanted = label_for(spec.name, run_id) if run_id else None
-    targets = [i for i in ups_instances(provider, spec.name) if wanted is None or i.label == wanted]
+    targets = [
+        i
+        for i in ups_instances(provider, spec.name)
+        if run_id is None or (i.run is not None and i.run.run_id == run_id)
+    ]
     for st in supervision.all_runs(runs_dir):
         if st.host == spec.name and run_id in (None, st.run_id):
             _stop_supervisor(runs_dir / st.run_id, out)
@@ -342,11 +417,11 @@ def down(spec: VastHost, out: TextIO, run_id: str | None) -> int:
             f"destroyed instance {inst.id} ({inst.label}){by}, about "
             f"${inst.cost_so_far:.2f} so far\n"
         )
-        run = parse_label(inst.label)
-        if run is not None and (saved := supervision.load(runs_dir / run[1])):
+        run = inst.run
+        if run is not None and (saved := supervision.load(runs_dir / run.run_id)):
             # Ended on purpose: a later deploy of the run continues it without counting a
             # recovery.
-            supervision.Supervision(runs_dir / run[1] / supervision.FILE, saved).instance_ended(
+            supervision.Supervision(runs_dir / run.run_id / supervision.FILE, saved).instance_ended(
                 inst.id, "destroyed by fab down"
             )
     return 0
@@ -365,32 +440,32 @@ def _stop_supervisor(run_dir: Path, out: TextIO) -> None:
     out.write(f"stopped the {held.describe()}\n")
 
 
-def attach(spec: VastHost, run_id: str | None) -> ContainerHost:
+def attach(spec: RentedHost, run_id: str | None) -> ContainerHost:
     """The container host a running instance of this entry is (for logs, status, stop, fetch).
 
     The newest running instance labelled for ``run_id`` (any run when None); its host key
     was recorded when deploy first reached it.
     """
-    wanted = label_for(spec.name, run_id) if run_id else None
+    provider = _provider(spec)
     running = [
         i
-        for i in ups_instances(_provider(spec), spec.name)
-        if i.state is State.RUNNING and (wanted is None or i.label == wanted)
+        for i in ups_instances(provider, spec.name)
+        if i.state is State.RUNNING and (run_id is None or (i.run and i.run.run_id == run_id))
     ]
     if not running:
         what = f"run {run_id}" if run_id else f"host {spec.name!r}"
         raise HostGone(
-            f"no running Vast instance for {what}: {command('instances')} lists what "
-            f"exists; {command('deploy', '--host', spec.name)} rents one.",
+            f"no running {provider.account.title} instance for {what}: {command('instances')} "
+            f"lists what exists; {command('deploy', '--host', spec.name)} rents one.",
             replay=saved_log(run_id, spec) if run_id else None,
         )
-    inst = min(running, key=lambda i: i.duration_s)
+    inst = min(running, key=lambda i: i.uptime_s)
     assert inst.ssh_host and inst.ssh_port
     return spec.as_container(inst.ssh_host, inst.ssh_port)
 
 
 def saved_log(
-    run_id: str, spec: VastHost, runs_dir: Path = Path("runs")
+    run_id: str, spec: RentedHost, runs_dir: Path = Path("runs")
 ) -> Callable[[TextIO], int] | None:
     """``fab logs`` for a run whose instance is gone: the log its instance uploaded to the
     run's bucket, else the one its supervisor streamed into the local run directory. The
@@ -450,8 +525,8 @@ def supervise(run_id: str, runs_dir: Path, out: TextIO) -> int:
             f"{command('deploy', '--host HOST', '--run', run_id, '--detach')} starts one."
         )
     spec, known_hosts = get_host(state.host, state.hosts_file)
-    if not isinstance(spec, VastHost):
-        raise UsageError(f"host {state.host!r} of run {run_id} is no longer a vast entry.")
+    if not isinstance(spec, RentedHost):
+        raise UsageError(f"host {state.host!r} of run {run_id} is no longer a rented entry.")
     deploy = plan(
         spec,
         known_hosts,

@@ -1,7 +1,8 @@
 """A supervisor's first step, as a pure function: the run's record against what the
 provider lists.
 
-The run's instances are found by their label (``ups:<host>:<run>``), not by what the
+The run's instances are found by their label (``ups:<host>:<run>@<epoch>``, on every
+provider the run may rent from), not by what the
 record believes: the provider is the truth about what bills and what trains. The
 youngest running one is followed (else the youngest still loading: a supervisor stopped
 right after the create rented it, and it is healthy); every other one is ended (never
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 
 from ups.deploy.managed.record import State as Record
 from ups.deploy.managed.watch import LOST
+from ups.deploy.providers import Instance
 from ups.deploy.providers import InstanceState as State
-from ups.deploy.providers import RentedInstance
 
 UNSUPERVISED = "while no supervisor ran"
 
@@ -31,15 +32,15 @@ UNSUPERVISED = "while no supervisor ran"
 class Verdict:
     """What a supervisor that starts on a run must do, in this order."""
 
-    end: list[tuple[int, str]] = field(default_factory=list)
+    end: list[tuple[str, str]] = field(default_factory=list)
     """Listed instances to end, each with why (lost while unwatched, or a second one)."""
-    gone: list[tuple[int, str]] = field(default_factory=list)
+    gone: list[tuple[str, str]] = field(default_factory=list)
     """Recorded instances the provider no longer lists: closed in the record."""
-    follow: RentedInstance | None = None
+    follow: Instance | None = None
     """The running instance to follow, if any."""
     recovery: str | None = None
     """Why a new instance must be rented (a recovery is counted), or None."""
-    host_faults: list[int] = field(default_factory=list)
+    host_faults: list[str] = field(default_factory=list)
     """Ended instances whose end was their host's (failed there): not rented again."""
 
     @property
@@ -48,7 +49,7 @@ class Verdict:
         return self.follow is None and self.recovery is None
 
 
-def reconcile(record: Record, listed: Sequence[RentedInstance]) -> Verdict:
+def reconcile(record: Record, listed: Sequence[Instance]) -> Verdict:
     """The verdict for ``record`` given the instances listed under the run's label."""
     ended = {r.instance_id for r in record.instances if r.ended is not None}
     rows = [i for i in listed if i.id not in ended or i.state is State.RUNNING]
@@ -58,7 +59,7 @@ def reconcile(record: Record, listed: Sequence[RentedInstance]) -> Verdict:
     for state in (State.RUNNING, State.LOADING):
         alive = sorted(
             (i for i in rows if i.state is state and i.id not in ended),
-            key=lambda i: i.duration_s,
+            key=lambda i: i.uptime_s,
         )
         if alive:
             keep = alive[0]

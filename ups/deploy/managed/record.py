@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ups import jsonio
+from ups.deploy.providers import UNNAMED, Instance
 from ups.fsio import atomic_write_text
+from ups.outcome import Outcome
 
 FILE = "run.json"
 LEGACY_FILE = "supervision.json"
@@ -50,16 +52,28 @@ class RunStatus(enum.StrEnum):
 
 @dataclass
 class Rented:
-    """One instance the run rented."""
+    """One instance the run rented, on any provider."""
 
-    instance_id: int
-    offer_id: int
-    machine_id: int | None
+    instance_id: str
+    offer_id: str
+    machine_id: str | None
     price: float
     """$/h ups pays for it (the bid for an interruptible instance)."""
     started: float
     ended: float | None = None
     end_reason: str = ""
+    provider: str = UNNAMED
+    """Whose instance (:data:`~ups.deploy.providers.UNNAMED` in the previous release's
+    records)."""
+    host: str = ""
+    """The rented hosts.yaml entry it came from ("": the run's own ``host``)."""
+    epoch: int | None = None
+    """The lease epoch of the supervisor that created it (its label says the same)."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Rented:
+        ids = {k: str(v) for k, v in data.items() if k in _IDS and v is not None}
+        return cls(**{**data, **ids})
 
     def cost(self, now: float | None = None) -> float:
         end = self.ended or (time.time() if now is None else now)
@@ -72,7 +86,7 @@ class Recovery:
 
     number: int
     reason: str
-    lost_instance: int | None
+    lost_instance: str | None
     """The instance that was lost (None: the run ended by itself and was relaunched)."""
     at: float
     resume_step: int = -1
@@ -80,6 +94,22 @@ class Recovery:
     steps_lost: int = 0
     downtime_s: float | None = None
     """From detection to the first step after it (None until the run trains again)."""
+
+
+_IDS = ("instance_id", "offer_id", "machine_id")
+"""Ids the previous release wrote as numbers; strings on every provider now."""
+
+
+@dataclass
+class Moved:
+    """The run moved from one rented entry (its provider) to another: why, and when."""
+
+    from_host: str
+    to_host: str
+    reason: str
+    at: float
+    first_step_s: float | None = None
+    """From the move to the first training step on the new provider (None until then)."""
 
 
 @dataclass
@@ -110,7 +140,7 @@ class SyncedCheckpoint:
 class State:
     run_id: str
     host: str
-    """The hosts.yaml entry (``kind: vast``) the run was deployed with."""
+    """The rented hosts.yaml entry the run was deployed with (its first provider)."""
     config: str
     """Absolute path of the run config, so ``ups supervise RUN`` can rebuild the deploy."""
     hosts_file: str | None
@@ -130,6 +160,15 @@ class State:
     supervisor: Supervisor | None = None
     bucket_checkpoint: int | None = None
     """The newest checkpoint step committed in the run's bucket, when it has one."""
+    outcome: dict[str, Any] | None = None
+    """How the run ended, as the run itself wrote it (its ``outcome.json``: outcome, cause,
+    reason, step, exit code): a copy, never written here otherwise; ``ended`` and
+    ``exit_code`` are what the supervisor saw (the launcher's code without one)."""
+    epoch: int = 0
+    """The newest lease epoch a supervisor of this run took (:mod:`.lease`): instances
+    labelled with an older one that the holder did not create are ended (the fence)."""
+    moves: list[Moved] = field(default_factory=list)
+    """Every move of the run to another provider, oldest first."""
 
     def cost(self) -> float:
         """What every instance of the run cost: the one place cost is computed."""
@@ -147,9 +186,13 @@ class State:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> State:
         data = dict(data)
-        data["instances"] = [Rented(**r) for r in data.get("instances", [])]
+        data["instances"] = [Rented.from_json(r) for r in data.get("instances", [])]
+        data["moves"] = [Moved(**m) for m in data.get("moves", [])]
         data["checkpoints"] = [SyncedCheckpoint(**c) for c in data.get("checkpoints", [])]
-        data["history"] = [Recovery(**r) for r in data.get("history", [])]
+        data["history"] = [
+            Recovery(**{**r, "lost_instance": _str_or_none(r.get("lost_instance"))})
+            for r in data.get("history", [])
+        ]
         if data.get("supervisor") is not None:
             data["supervisor"] = Supervisor(**data["supervisor"])
         if "status" in data:
@@ -157,6 +200,10 @@ class State:
         else:  # the previous release's record: its status follows from how it ended
             data["status"] = _legacy_status(data.get("ended", ""), data.get("exit_code"))
         return cls(**data)
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _legacy_status(ended: str, exit_code: int | None) -> RunStatus:
@@ -202,20 +249,57 @@ class Supervision:
                 self.mirror(FILE, text.encode())
 
     def rented(
-        self, instance_id: int, offer_id: int, machine_id: int | None, price: float
+        self,
+        instance_id: str,
+        offer_id: str,
+        machine_id: str | None,
+        price: float,
+        *,
+        provider: str,
+        host: str,
+        epoch: int | None,
     ) -> Rented:
-        rec = Rented(instance_id, offer_id, machine_id, price, time.time())
+        rec = Rented(
+            instance_id, offer_id, machine_id, price, time.time(),
+            provider=provider, host=host, epoch=epoch,
+        )  # fmt: skip
         self.state.instances.append(rec)
         self.save()
         return rec
 
-    def machine(self, instance_id: int, machine_id: int | None) -> None:
+    def took_lease(self, epoch: int) -> None:
+        """This supervisor holds the run under ``epoch`` (newer than any before)."""
+        self.state.epoch = max(self.state.epoch, epoch)
+        self.save()
+
+    def moved(self, from_host: str, to_host: str, reason: str) -> Moved:
+        """The run continues on another rented entry (another provider)."""
+        move = Moved(from_host, to_host, reason, time.time())
+        self.state.moves.append(move)
+        self.save()
+        return move
+
+    def stray_ended(self, provider: str, inst: Instance, why: str) -> None:
+        """An instance of the run that a supervisor of an older epoch created, ended by
+        this one (the fence): kept with its cost so far and why."""
+        now = time.time()
+        run = inst.run
+        self.state.instances.append(
+            Rented(
+                inst.id, "", inst.machine_id, inst.price_per_hour, now - inst.uptime_s,
+                ended=now, end_reason=f"stray: {why}", provider=provider,
+                host=run.host if run else "", epoch=run.epoch if run else None,
+            )
+        )  # fmt: skip
+        self.save()
+
+    def machine(self, instance_id: str, machine_id: str | None) -> None:
         for rec in self.state.instances:
             if rec.instance_id == instance_id:
                 rec.machine_id = machine_id
         self.save()
 
-    def instance_ended(self, instance_id: int, reason: str) -> None:
+    def instance_ended(self, instance_id: str, reason: str) -> None:
         for rec in self.state.instances:
             if rec.instance_id == instance_id and rec.ended is None:
                 rec.ended, rec.end_reason = time.time(), reason
@@ -230,7 +314,7 @@ class Supervision:
             self.state.status = status
             self.save()
 
-    def recovery(self, reason: str, lost_instance: int | None) -> Recovery:
+    def recovery(self, reason: str, lost_instance: str | None) -> Recovery:
         """Count one recovery (the run is recovering until its first step after it)."""
         rec = Recovery(self.state.recoveries + 1, reason, lost_instance, time.time())
         self.state.recoveries += 1
@@ -251,6 +335,9 @@ class Supervision:
         """The first step after a recovery (or the first of the run)."""
         if downtime_s is not None and self.state.history:
             self.state.history[-1].downtime_s = downtime_s
+        move = self.state.moves[-1] if self.state.moves else None
+        if move is not None and move.first_step_s is None:
+            move.first_step_s = time.time() - move.at
         self.state.status = RunStatus.RUNNING
         self.save()
 
@@ -265,8 +352,10 @@ class Supervision:
             self.state.checkpoints.append(SyncedCheckpoint(step, time.time(), where))
             self.save()
 
-    def finished(self, how: str, exit_code: int | None) -> None:
+    def finished(self, how: str, exit_code: int | None, outcome: Outcome | None = None) -> None:
         self.state.ended, self.state.exit_code = how, exit_code
+        if outcome is not None:
+            self.state.outcome = {k: getattr(outcome, k) for k in OUTCOME_VIEW}
         self.state.status = (
             RunStatus.FINISHED
             if exit_code == 0
@@ -277,6 +366,8 @@ class Supervision:
         self.save()
 
 
+OUTCOME_VIEW = ("outcome", "cause", "reason", "step", "exit_code", "time")
+"""The fields of ``outcome.json`` the record copies (the file stays the truth)."""
 STOPPED_CODES = frozenset({75, 130, 143})
 """Exit codes of a run stopped on purpose: preempted (75), SIGINT (130), SIGTERM (143)."""
 

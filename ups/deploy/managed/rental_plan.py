@@ -1,8 +1,9 @@
-"""The vast deploy plan: which offer, at what price, what is created, then the container plan.
+"""The rental plan: which offer, at what price, what is created, then the container plan.
 
 Building it searches offers (one read-only API call) and creates nothing; ``--dry-run``
 prints it. Once the instance answers SSH, the instance is a ``container`` host and
-:attr:`VastPlan.deploy` (the ordinary container plan) runs there unchanged.
+:attr:`RentalPlan.deploy` (the ordinary container plan) runs there unchanged. The plan is
+the same for every provider: the entry names its provider, the registry opens it.
 """
 
 from __future__ import annotations
@@ -12,17 +13,20 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ups.config import Config
-from ups.deploy.hosts import AddressedHost, ContainerHost, VastHost
-from ups.deploy.managed.ledger import Ledger
-from ups.deploy.managed.ranking import API_ORDER, MEASURED, rank
+from ups.deploy.entries import AddressedHost, ContainerHost, RentedHost
+from ups.deploy.managed.offers import search
 from ups.deploy.onhost.plan import DeployPlan, build_plan, build_script_plan, load_run_config
-from ups.deploy.providers import NoOffer, Provider, label_for
-from ups.deploy.providers.vast.offers import Offer, bid_price, choose, offer_type, without_machines
-from ups.deploy.providers.vast.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
-from ups.preflight.figures import workload
+from ups.deploy.providers import (
+    ORDER_MEASURED,
+    CreateRequest,
+    Offer,
+    OfferRequirements,
+    Provider,
+    label_for,
+)
+from ups.deploy.providers.watchdog import KEY_FILE, LEASE_FILE, onstart_command, watch_path
 from ups.runid import new_run_id
 from ups.workload import ScriptWorkload
 
@@ -31,19 +35,21 @@ WANDB_KEY = "WANDB_API_KEY"
 
 
 def container_spec(
-    spec: VastHost, host: str = PENDING_ADDRESS, port: int | None = None
+    spec: RentedHost, host: str = PENDING_ADDRESS, port: int | None = None
 ) -> ContainerHost:
-    """The vast entry as the container host it becomes once the instance has an address."""
+    """The rented entry as the container host it becomes once the instance has an address."""
     return spec.as_container(host, port)
 
 
 @dataclass
-class VastPlan:
-    spec: VastHost
+class RentalPlan:
+    spec: RentedHost
+    """The rented entry the next instance comes from (it names the provider)."""
+    title: str
+    """Its provider as people write it (its account's title)."""
     offer: Offer
     price: float
     bid: float | None
-    label: str
     onstart: str
     deadline_epoch: float
     local_runs: Path
@@ -56,17 +62,17 @@ class VastPlan:
     overrides: tuple[str, ...]
     skip_preflight: bool
     env: dict[str, str]
-    avoided: tuple[int, ...] = ()
+    avoided: tuple[str, ...] = ()
     """Machines left out of the search: failed here within ``ledger_ttl_h`` (host ledger)."""
     wandb_sync: bool = False
     """W&B would log online, but logs offline on the instance: synced from here at the end."""
     ranking: tuple[str, ...] = ()
     """``order: measured``: the best offers by expected $ per sample, the chosen first."""
     workload: ScriptWorkload | None = None
-    picks_up: int | None = None
+    """Your own script: each instance gets its workdir and setup as a container host does."""
+    picks_up: str | None = None
     """The instance the run's record says it trains on: a supervisor follows it when it
     still runs, and rents ``offer`` only when it is gone."""
-    """Your own script: each instance gets its workdir and setup as a container host does."""
 
     def replan(self, spec: AddressedHost, run_id: str | None) -> DeployPlan:
         """The container plan for the instance once it has an address (``spec``)."""
@@ -97,7 +103,11 @@ class VastPlan:
     def run_id(self) -> str:
         return self.deploy.run_id
 
-    def with_deadline(self, deadline: float) -> VastPlan:
+    def label(self, epoch: int | None = None) -> str:
+        """The label of an instance this plan creates under lease ``epoch``."""
+        return label_for(self.spec.name, self.run_id, epoch)
+
+    def with_deadline(self, deadline: float) -> RentalPlan:
         """The same plan with the instance's watchdog ending it at ``deadline`` (epoch)."""
         return dataclasses.replace(
             self,
@@ -119,8 +129,8 @@ class VastPlan:
         return watch_path(workdir, LEASE_FILE)
 
     def with_next_offer(
-        self, provider: Provider, exclude: Collection[int], machines: Collection[int] = ()
-    ) -> VastPlan:
+        self, provider: Provider, exclude: Collection[str], machines: Collection[str] = ()
+    ) -> RentalPlan:
         """The same plan on the next matching offer under the same cap (for a recovery, or
         after a bad host).
 
@@ -134,10 +144,23 @@ class VastPlan:
             self,
             offer=offer,
             price=offer.price(self.spec.interruptible),
-            bid=bid_price(offer, self.spec.interruptible),
+            bid=offer.bid(self.spec.interruptible),
             avoided=avoided,
             ranking=ranking,
         )
+
+    def at_entry(self, spec: RentedHost, provider: Provider) -> RentalPlan:
+        """The same run on another rented entry, with its own watchdog script; the offer
+        stays until :meth:`with_next_offer` (the deadline and the run stay)."""
+        moved = dataclasses.replace(
+            self, spec=spec, title=provider.account.title, avoided=(), ranking=()
+        )
+        return moved.with_deadline(self.deadline_epoch)
+
+    def on_entry(self, spec: RentedHost, provider: Provider) -> RentalPlan:
+        """The same run on another rented entry (failover to its provider), on that
+        entry's first offer under its cap."""
+        return self.at_entry(spec, provider).with_next_offer(provider, ())
 
     def watchdog_key_line(self) -> str:
         if self.spec.watchdog_key_file:
@@ -145,7 +168,9 @@ class VastPlan:
                 f"the key in {self.spec.watchdog_key_file} (0600 on the instance): what you "
                 "granted it, until you revoke it"
             )
-        return "none sent: the instance's own key (set by Vast; acts on that instance only)"
+        return (
+            f"none sent: the instance's own key (set by {self.title}; acts on that instance only)"
+        )
 
     def wandb_line(self) -> str:
         if self.cfg is None:
@@ -159,42 +184,41 @@ class VastPlan:
             )
         return f"{self.cfg.wandb.mode} (wandb.mode)"
 
-    def create_fields(self) -> dict[str, object]:
-        """Keyword arguments of ``VastAI.create_instance``: no secret among them."""
-        fields: dict[str, object] = {
-            "image": self.spec.image,
-            "disk": self.spec.disk_gb,
-            "label": self.label,
-            "onstart_cmd": self.onstart,
-            "ssh": True,
-            "direct": True,
-        }
-        if self.bid is not None:
-            fields["bid_price"] = self.bid
-        return fields
+    def create_request(self, epoch: int) -> CreateRequest:
+        """What the provider is asked to create under lease ``epoch``: no secret in it."""
+        return CreateRequest(
+            run_id=self.run_id,
+            host=self.spec.name,
+            epoch=epoch,
+            image=self.spec.image,
+            disk_gb=self.spec.disk_gb,
+            onstart=self.onstart,
+            bid_per_hour=self.bid,
+        )
 
     def order_said(self) -> str:
-        if self.spec.order != MEASURED:
+        if self.spec.order != ORDER_MEASURED:
             return self.spec.order
         if self.ranking:
             return "measured (expected $ per sample, from the host ledger)"
-        return f"measured: no figures for this run's workload yet, so {API_ORDER}"
+        return "measured: no figures for this run's workload yet, so price"
 
     def render(self) -> str:
         s = self.spec
         kind = f"interruptible, bid ${self.bid:.3f}/h" if self.bid is not None else "on demand"
         hours = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.deadline_epoch))
         where = (
-            f"picks up its instance {self.picks_up} if it still runs; else a new Vast instance"
+            f"picks up its instance {self.picks_up} if it still runs; else a new {self.title} "
+            "instance"
             if self.picks_up is not None
-            else "on a new Vast instance"
+            else f"on a new {self.title} instance"
         )
         if_new = "if new: " if self.picks_up is not None else ""
         lines = [
-            f"vast plan: run {self.run_id} {where} ({s.name})",
+            f"rental plan: run {self.run_id} {where} ({s.name})",
             f"  offer:    {if_new}{self.offer.describe()} at ${self.price:.3f}/h ({kind}); "
             f"cap ${s.max_price_per_hour:.3f}/h",
-            f"  query:    {s.offer!r} ordered by {self.order_said()}",
+            f"  wanted:   {OfferRequirements.of(s).describe()} ordered by {self.order_said()}",
             *(
                 [f"  why:      {self.ranking[0]}", "  ranking:  (best 5, expected $ per sample)"]
                 + [f"    {i}. {line}" for i, line in enumerate(self.ranking[:5], 1)]
@@ -209,9 +233,11 @@ class VastPlan:
                 if self.avoided
                 else []
             ),
-            f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label {self.label}",
+            f"  create:   image {s.image}, disk {s.disk_gb:g} GB, label "
+            f"{self.label()}@<lease epoch>",
             f"  watchdog: on the instance from boot; ends it ({s.on_exit}) at {hours} "
-            f"(max_hours {s.max_hours:g})",
+            f"(max_hours {s.max_hours:g}), or {s.start_timeout_s:.0f} s after boot if no run "
+            "started there (start_timeout_s)",
             f"    watchdog key: {self.watchdog_key_line()}",
             f"  then:     wait for running and SSH (up to {s.boot_timeout_s:.0f} s), record the "
             "host key" + (f", run setup: {s.setup}" if s.setup else ""),
@@ -224,8 +250,8 @@ class VastPlan:
         return "\n".join(lines)
 
 
-def build_vast_plan(
-    spec: VastHost,
+def build_rental_plan(
+    spec: RentedHost,
     config: Path,
     provider: Provider,
     *,
@@ -236,8 +262,7 @@ def build_vast_plan(
     env: dict[str, str] | None = None,
     now: float | None = None,
     workload: ScriptWorkload | None = None,
-) -> VastPlan:
-    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
+) -> RentalPlan:
     if workload is not None:
         return _script_plan(spec, workload, provider, run_id, follow, skip_preflight, env, now)
     if spec.checkpoint_sync != "local" and not any(
@@ -266,12 +291,12 @@ def build_vast_plan(
         env=env,
     )
     deploy = rented(deploy, cfg, deadline)
-    return VastPlan(
+    return RentalPlan(
         spec=spec,
+        title=provider.account.title,
         offer=offer,
         price=offer.price(spec.interruptible),
-        bid=bid_price(offer, spec.interruptible),
-        label=label_for(spec.name, run_id),
+        bid=offer.bid(spec.interruptible),
         onstart=onstart_command(spec, deadline),
         deadline_epoch=deadline,
         local_runs=cfg.run.output_dir,
@@ -288,7 +313,7 @@ def build_vast_plan(
 
 
 def _script_plan(
-    spec: VastHost,
+    spec: RentedHost,
     workload: ScriptWorkload,
     provider: Provider,
     run_id: str | None,
@@ -296,7 +321,7 @@ def _script_plan(
     skip_preflight: bool,
     env: dict[str, str] | None,
     now: float | None,
-) -> VastPlan:
+) -> RentalPlan:
     """The rental of your own script: the same offer search, watchdog and deadline; the
     container plan is the script's (workdir sync, setup, ``ups launch --run-file``). The
     bucket is the run file's ``checkpoint_sync``, else the host entry's."""
@@ -314,12 +339,12 @@ def _script_plan(
         skip_preflight=skip_preflight,
         env=env,
     )
-    return VastPlan(
+    return RentalPlan(
         spec=spec,
+        title=provider.account.title,
         offer=offer,
         price=offer.price(spec.interruptible),
-        bid=bid_price(offer, spec.interruptible),
-        label=label_for(spec.name, run_id),
+        bid=offer.bid(spec.interruptible),
         onstart=onstart_command(spec, deadline),
         deadline_epoch=deadline,
         local_runs=Path("runs"),
@@ -360,63 +385,3 @@ def wandb_offline_here(cfg: Config) -> bool:
     """Whether the run would log to W&B online but logs offline on the rented host
     (its directory is synced from this machine when it comes home)."""
     return cfg.wandb.mode in ("auto", "online") and not cfg.wandb.online_on_host
-
-
-def search(
-    provider: Provider,
-    spec: VastHost,
-    machines: Collection[int] = (),
-    offers: Collection[int] = (),
-    cfg: Config | None = None,
-) -> tuple[Offer, tuple[int, ...], tuple[str, ...]]:
-    """The first offer under the cap, leaving out ``offers``, ``machines`` and the machines
-    the host ledger holds from the last ``ledger_ttl_h``; with the ledger's machines that
-    matched the query and were left out, and (``order: measured`` with figures for
-    ``cfg``'s workload) the ranking's lines, the chosen offer's first."""
-    assert spec.offer is not None and spec.max_price_per_hour is not None  # hosts.py checks
-    measured = spec.order == MEASURED
-    matched = provider.search_offers(
-        spec.offer, API_ORDER if measured else spec.order, offer_type(spec.interruptible),
-        spec.disk_gb,
-    )  # fmt: skip
-    book = Ledger()
-    ledger = book.excluded(spec.ledger_ttl_h)
-    avoided = tuple(
-        sorted({int(r["machine_id"]) for r in matched if r.get("machine_id") in ledger})
-    )
-    rows = [
-        r for r in without_machines(matched, ledger | set(machines)) if int(r["id"]) not in offers
-    ]
-    if matched and not rows:
-        raise NoOffer(
-            f"{len(matched)} Vast offer(s) matched {spec.offer!r}; all were excluded: "
-            f"{'; '.join(_why_excluded(r, offers, machines, ledger) for r in matched[:8])}. "
-            "Nothing more was created. Loosen the 'offer' query in hosts.yaml, or lower "
-            "ledger_ttl_h to try machines that failed here again (`ups hosts` lists why)."
-        )
-    ranked = None
-    if measured and cfg is not None:
-        pairs = [(r, Offer.from_api(r)) for r in rows]
-        ranked = rank(pairs, book.measurements(), workload(cfg), spec.interruptible)
-    if ranked is not None:
-        rows = [r.row for r in ranked]
-    offer = choose(rows, spec.max_price_per_hour, spec.interruptible, spec.offer)
-    if ranked is None:
-        return offer, avoided, ()
-    chosen = next(r for r in ranked if int(r.row["id"]) == offer.id)
-    lines = tuple(r.line() for r in [chosen, *(r for r in ranked if r is not chosen)])
-    return offer, avoided, lines
-
-
-def _why_excluded(
-    row: dict[str, Any], offers: Collection[int], machines: Collection[int], ledger: set[int]
-) -> str:
-    """Why one matching offer was left out, in words."""
-    machine = row.get("machine_id")
-    if int(row["id"]) in offers:
-        why = "its instance was lost earlier in this run"
-    elif machine in machines:
-        why = "its machine failed in this deploy"
-    else:
-        why = "its machine failed here before (the host ledger)"
-    return f"offer {row['id']} on machine {machine}: {why}"

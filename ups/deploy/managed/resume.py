@@ -59,7 +59,7 @@ class ResumePoints:
         return Pending(self.recoveries, "adopted", step, path, 0, time.monotonic())
 
     def after_loss(
-        self, reason: str, instance: int | None, detected: float, counted: bool = True
+        self, reason: str, instance: str | None, detected: float, counted: bool = True
     ) -> Pending:
         """The newest good checkpoint here (the bucket's first, when newer); the log cut
         back to it and marked; the record says where the counted recovery resumes."""

@@ -1,4 +1,4 @@
-"""The whole ``fab deploy --host vast``: a :class:`~ups.deploy.managed.controller.Keeper` run
+"""The whole ``fab deploy`` on a rented entry: a :class:`~ups.deploy.managed.controller.Keeper` run
 under the stop signals, every instance it created ended per ``on_exit`` on every path
 (exception, Ctrl-C, SIGTERM, SIGHUP), then the summary printed: instances used,
 recoveries, cost, time lost. ``--detach`` rents and starts the run and leaves the
@@ -9,12 +9,13 @@ instance are the new holder's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from ups.bucket import Bucket
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.frontend import command
-from ups.deploy.managed.acquire import rent
+from ups.deploy.managed.acquire import Where, rent
 from ups.deploy.managed.controller import Keeper, host_or_user
 from ups.deploy.managed.errors import Interrupted
 from ups.deploy.managed.lease import LeaseLost
@@ -32,8 +33,9 @@ def run(
     *,
     env: dict[str, str],
     skip_preflight: bool,
-    watchdog_key: str | None,
+    watchdog_keys: Mapping[str, str | None],
     sup: Supervision,
+    where: Where,
     bucket: Bucket | None = None,
     mirror: Path | None = None,
 ) -> int:
@@ -44,7 +46,7 @@ def run(
     """
     del skip_preflight
     plan = lifecycle.plan
-    keeper = Keeper(lifecycle, env, watchdog_key, sup, bucket)
+    keeper = Keeper(lifecycle, env, watchdog_keys, sup, where, bucket)
     reason = "run ended"
     code = 1
     try:
@@ -54,7 +56,7 @@ def run(
             code = keeper.run()
             if bucket is not None and (step := newest_step(bucket, plan.run_id)) is not None:
                 sup.bucket_has(step)
-            sup.finished(f"exit {code}", code)
+            sup.finished(f"exit {code}", code, keeper.outcome)
     except LeaseLost:
         keeper.log.close()
         raise
@@ -93,7 +95,7 @@ def _detached(
 ) -> int:
     """``--detach``: start the run and leave the instance to its watchdog."""
 
-    def start(instance_id: int) -> tuple[Leg, int]:
+    def start(instance_id: str) -> tuple[Leg, int]:
         leg = keeper.leg(instance_id)
         target = keeper.boot(leg)
         try:
@@ -109,7 +111,7 @@ def _detached(
             raise host_or_user(err) from None
         return leg, code
 
-    leg, code = rent(lifecycle, start)
+    leg, code = rent(lifecycle, start, keeper.where)
     plan = lifecycle.plan
     lifecycle.created.clear()  # detached: the watchdog owns the instance now
     keeper.legs.clear()

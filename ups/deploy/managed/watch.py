@@ -1,4 +1,4 @@
-"""What a followed vast run is watched by: :class:`Monitor` asks the API about the
+"""What a followed managed run is watched by: :class:`Monitor` asks the API about the
 instance every ``monitor_s`` and reports it lost (outbid, stopped, no longer listed, or
 SSH unreachable for ``ssh_lost_s``), cutting the log stream short; :class:`LocalLog`
 keeps the local copy of ``launch.log`` that a recovery uploads; :class:`Leg` and
@@ -26,19 +26,19 @@ from ups.deploy.providers import Provider, ProviderApiError
 from ups.deploy.transport.session import Target
 from ups.fsio import atomic_write_bytes
 
-RECOVERY_EVENT = "vast_recovery"
+RECOVERY_EVENT = "run_recovery"
 """The ``event`` of the one marked line each recovery adds to the run's launch.log."""
 LOST = {
-    State.OUTBID: "outbid (Vast shows it stopped)",
-    State.GONE: "vanished from the Vast API",
+    State.OUTBID: "outbid (the provider took it back)",
+    State.GONE: "vanished from the provider's API",
     State.STOPPED: "stopped outside ups",
-    State.FAILED: "failed on Vast",
+    State.FAILED: "failed on its host",
 }
 _SSH_ERRORS = (DeployError, OSError, EOFError, paramiko.SSHException)
 
 
 class InstanceLost(Exception):
-    def __init__(self, instance_id: int, reason: str) -> None:
+    def __init__(self, instance_id: str, reason: str) -> None:
         super().__init__(f"instance {instance_id} lost: {reason}")
         self.instance_id = instance_id
         self.reason = reason
@@ -47,7 +47,7 @@ class InstanceLost(Exception):
 class Monitor:
     """Asks the API about one instance; once it is lost, cuts the log stream short."""
 
-    def __init__(self, provider: Provider, instance_id: int, every_s: float) -> None:
+    def __init__(self, provider: Provider, instance_id: str, every_s: float) -> None:
         self.provider = provider
         self.instance_id = instance_id
         self.every_s = every_s
@@ -196,7 +196,7 @@ class LocalLog:
 class Leg:
     """The instance a supervisor works on now (its cost is in the run's record)."""
 
-    instance_id: int
+    instance_id: str
     attach: bool = False
     """Rented by an earlier supervisor: follow what runs there, boot nothing."""
 

@@ -99,7 +99,7 @@ def upload(target: Target, conn: Connection, plan: DeployPlan, env: dict[str, st
     if plan.run_file is None:
         conn.sftp().put(plan.config, r.state("config.yaml"))
     else:
-        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
+        write_text(conn, r.state(rc.RUN_FILE), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("run.sh"), script_for(plan, target.spec.remote_env))
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_private_files(conn, plan, env)

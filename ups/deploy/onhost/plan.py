@@ -20,8 +20,8 @@ from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import endpoint_from_env
 from ups.bucket.scoped import Access
 from ups.config import Config, ConfigError, ConfigFileError, load_config
+from ups.deploy.entries import AddressedHost
 from ups.deploy.errors import UsageError
-from ups.deploy.hosts import AddressedHost
 from ups.deploy.transport import remote as rc
 from ups.runid import new_run_id, run_id_problem
 from ups.workload import ScriptWorkload
@@ -274,7 +274,7 @@ def build_script_plan(
     run_id = fixed or new_run_id(workload.name)
     remote = rc.RemoteRun(workdir=spec.workdir, run_id=run_id)
     dest = code_dir(spec.workdir, workload)
-    run_file = remote.state("run.json")
+    run_file = remote.state(rc.RUN_FILE)
     launch_argv = [spec.ups_bin, "launch", "--run-file", run_file, "--run-id", run_id]
     launch_argv += ["--output-dir", remote.output_dir]
     if spec.gpus:

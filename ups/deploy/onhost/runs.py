@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from fabric import Connection
 
+from ups.deploy.entries import SshHost
 from ups.deploy.errors import DeployError, UsageError
 from ups.deploy.frontend import command
-from ups.deploy.hosts import SshHost
 from ups.deploy.onhost.plan import DeployPlan
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.session import Target, run

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from fabric import Connection
 
 from ups import jsonio
+from ups.deploy.entries import SlurmHost
 from ups.deploy.errors import DeployError, PreflightFailed
 from ups.deploy.frontend import command
-from ups.deploy.hosts import SlurmHost
 from ups.deploy.onhost import operate
 from ups.deploy.onhost.follow import follow
 from ups.deploy.onhost.plan import DeployPlan
@@ -178,7 +178,7 @@ def _upload(
     if plan.run_file is None:
         conn.sftp().put(plan.config, r.state("config.yaml"))
     else:
-        write_text(conn, r.state("run.json"), jsonio.dumps(plan.run_file, indent=2))
+        write_text(conn, r.state(rc.RUN_FILE), jsonio.dumps(plan.run_file, indent=2))
     write_text(conn, r.state("output_dir"), r.output_dir)
     write_text(conn, r.state(sl.NODE_SCRIPT), sl.node_script(job))
     write_text(conn, r.state(sl.BATCH_SCRIPT), sl.batch_script(job))

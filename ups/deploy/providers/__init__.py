@@ -1,153 +1,120 @@
-"""Rentable machines, behind one interface: :class:`Provider`, found through one registry.
+"""Rentable machines, behind one interface (:mod:`ups.deploy.providers.base`), found
+through one registry: this module.
 
-A provider rents, lists and ends instances of machines it sells (Vast today:
-:mod:`ups.deploy.providers.vast`). Managed runs (:mod:`ups.deploy.managed`) hold a
-:class:`Provider` and never look at which one it is; :func:`get` is the one place that
-maps a name to a concrete provider, and it imports that provider's module (and its SDK)
-only when asked.
+A provider rents, lists and ends instances of machines it sells; it is one package under
+``ups/deploy/providers/<name>/`` (a :class:`~ups.deploy.providers.base.ProviderPackage`)
+and one line in :data:`_PACKAGES`. Managed runs (:mod:`ups.deploy.managed`) hold a
+:class:`Provider` and ask its :class:`Capabilities`, never its name; this module is the
+one place that maps a name to a concrete provider, and it imports a provider's package
+(never its SDK) only when asked.
 """
 
 from __future__ import annotations
 
-import enum
 import importlib
-from typing import Any, Protocol
 
-from ups.deploy.errors import DeployError
+from ups.deploy.entries import RentedHost
+from ups.deploy.providers.base import (
+    EXIT_NO_OFFER,
+    EXIT_PROVIDER_API,
+    LABEL_PREFIX,
+    ORDER_MEASURED,
+    ORDER_PRICE,
+    Account,
+    ApiErrorKind,
+    Backoff,
+    Capabilities,
+    ComputeWithSelfDestruct,
+    ComputeWithStopResume,
+    CreateRequest,
+    Decision,
+    Fault,
+    Instance,
+    InstanceState,
+    Move,
+    NoOffer,
+    Offer,
+    OfferRequirements,
+    OfferTaken,
+    Provider,
+    ProviderApiError,
+    ProviderPackage,
+    RecoveryPolicy,
+    RunLabel,
+    Side,
+    Situation,
+    Trigger,
+    api_error,
+    gpu_key,
+    gpu_matches,
+    label_for,
+    parse_label,
+)
 
-LABEL_PREFIX = "ups:"
+__all__ = [
+    "EXIT_NO_OFFER",
+    "EXIT_PROVIDER_API",
+    "LABEL_PREFIX",
+    "NAMES",
+    "ORDER_MEASURED",
+    "ORDER_PRICE",
+    "UNNAMED",
+    "Account",
+    "ApiErrorKind",
+    "Backoff",
+    "Capabilities",
+    "ComputeWithSelfDestruct",
+    "ComputeWithStopResume",
+    "CreateRequest",
+    "Decision",
+    "Fault",
+    "Instance",
+    "InstanceState",
+    "Move",
+    "NoOffer",
+    "Offer",
+    "OfferRequirements",
+    "OfferTaken",
+    "Provider",
+    "ProviderApiError",
+    "ProviderPackage",
+    "RecoveryPolicy",
+    "RunLabel",
+    "Side",
+    "Situation",
+    "Trigger",
+    "api_error",
+    "gpu_key",
+    "gpu_matches",
+    "label_for",
+    "open_provider",
+    "options_models",
+    "package",
+    "parse_label",
+]
 
-EXIT_PROVIDER_API = 5
-"""The provider's API refused or could not answer (no key, key rejected, rate limited, bad
-query)."""
-EXIT_NO_OFFER = 6
-"""No offer matched the query under the price cap; nothing was created."""
-
-
-class ProviderApiError(DeployError):
-    exit_code = EXIT_PROVIDER_API
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class NoOffer(DeployError):
-    exit_code = EXIT_NO_OFFER
-
-
-class OfferTaken(ProviderApiError):
-    """The offer was rented by someone else between search and create: take the next one.
-
-    Only when every offer tried was taken does it end the deploy, with exit 6 (no offer)."""
-
-    exit_code = EXIT_NO_OFFER
-
-
-class Side(enum.Enum):
-    """Whose fault a failure on a rented machine is."""
-
-    HOST = "host"
-    """Another machine would not repeat it: destroy, record the machine, next offer."""
-    USER = "user"
-    """Every machine would repeat it: stop, and burn no further offer."""
-
-
-def label_for(host: str, run_id: str) -> str:
-    """The label ups gives an instance: the hosts.yaml entry and the run it serves."""
-    return f"{LABEL_PREFIX}{host}:{run_id}"
-
-
-def parse_label(label: str | None) -> tuple[str, str] | None:
-    """``(host, run_id)`` of a ups label, or None for instances ups did not create."""
-    if not label or not label.startswith(LABEL_PREFIX):
-        return None
-    host, _, run_id = label[len(LABEL_PREFIX) :].partition(":")
-    return (host, run_id) if run_id else None
-
-
-class InstanceState(enum.Enum):
-    """One instance's state, as every provider reports it::
-
-    LOADING --> RUNNING --> STOPPED          (stopped by us or by the user)
-       |           |------> OUTBID           (the provider took it back: a bid lost)
-       |           '------> GONE             (destroyed; the provider no longer lists it)
-       '------> FAILED                       (image pull error, offline host)
-    """
-
-    LOADING = "loading"
-    RUNNING = "running"
-    STOPPED = "stopped"
-    OUTBID = "outbid"
-    FAILED = "failed"
-    GONE = "gone"
-
-
-class RentedInstance(Protocol):
-    """What the managed run reads of an instance, whatever its provider."""
-
-    @property
-    def id(self) -> int: ...
-    @property
-    def label(self) -> str: ...
-    @property
-    def status_msg(self) -> str: ...
-    @property
-    def ssh_host(self) -> str | None: ...
-    @property
-    def ssh_port(self) -> int | None: ...
-    @property
-    def dph_total(self) -> float: ...
-    @property
-    def duration_s(self) -> float: ...
-    @property
-    def machine_id(self) -> int | None: ...
-    @property
-    def state(self) -> InstanceState: ...
-    @property
-    def cost_so_far(self) -> float: ...
+_PACKAGES = {
+    "vast": "ups.deploy.providers.vast",
+    "runpod": "ups.deploy.providers.runpod",
+}
+"""The registry: a provider's name (its hosts.yaml ``kind``) -> its package."""
+NAMES = tuple(_PACKAGES)
+UNNAMED = "vast"
+"""Whose ids a record or ledger entry written before providers were named holds (the
+previous release rented from Vast only)."""
 
 
-class Provider(Protocol):
-    """The calls a managed run makes on a provider; each raises the provider's own
-    ``DeployError`` paragraph (exit code included) when it cannot be done."""
-
-    name: str
-
-    def search_offers(
-        self, query: str, order: str, offer_type: str, disk_gb: float
-    ) -> list[dict[str, Any]]:
-        """Offers matching ``query`` (the provider's rows), in ``order``."""
-        ...
-
-    def get(self, instance_id: int) -> RentedInstance | None:
-        """The instance now, or None when the provider no longer lists it (gone)."""
-        ...
-
-    def list(self, label: str | None = None) -> list[RentedInstance]:
-        """Every instance of this account, or only those labelled ``label``."""
-        ...
-
-    def create(self, offer_id: int, **fields: Any) -> int:
-        """Rent ``offer_id``; the new instance's id."""
-        ...
-
-    def stop(self, instance_id: int) -> None: ...
-
-    def destroy(self, instance_id: int) -> None: ...
-
-    def fault_of(self, instance: RentedInstance) -> tuple[Side, str] | None:
-        """Whose fault it is that ``instance`` will never run, and what it means in a few
-        words; None when its status says nothing fatal."""
-        ...
+def package(name: str) -> ProviderPackage:
+    """The package of provider ``name`` (imported now, its SDK not)."""
+    found: ProviderPackage = importlib.import_module(_PACKAGES[name])
+    return found
 
 
-_MODULES = {"vast": "ups.deploy.providers.vast.provider"}
-NAMES = tuple(_MODULES)
+def options_models() -> dict[str, type[RentedHost]]:
+    """Each provider's hosts.yaml model, by name (what ``kind: <name>`` is read with)."""
+    return {name: package(name).Options for name in NAMES}
 
 
-def get(name: str, **options: Any) -> Provider:
-    """The provider called ``name``, opened with ``options`` (e.g. its API's URL)."""
-    module = importlib.import_module(_MODULES[name])
-    provider: Provider = module.open_provider(**options)
-    return provider
+def open_provider(spec: RentedHost) -> Provider:
+    """The provider that rents for the entry ``spec``, opened with its options."""
+    return package(spec.kind).open_provider(spec)

@@ -11,8 +11,8 @@ import tenacity
 from fabric import Config, Connection
 
 from ups.backoff import SSH_CONNECT
+from ups.deploy.entries import AddressedHost
 from ups.deploy.errors import DeployError, HostKeyChanged, UsageError
-from ups.deploy.hosts import AddressedHost
 from ups.deploy.transport.hostkeys import (
     RecordFirstKeyPolicy,
     changed_key_message,

@@ -19,6 +19,10 @@ from ups.bucket.credentials import FILE_NAME as CREDENTIALS_FILE
 from ups.bucket.credentials import RENEWABLE_ENV
 
 STATE_DIR = ".ups/deploy"
+RUN_FILE = "run-file.json"
+"""A script run's run file as sent to the host (what ``ups launch --run-file`` reads): the
+run's input, not a record of it. How the run ended is ``outcome.json`` alone; the managed
+run's record (``runs/<id>/run.json`` on the laptop) keeps a copy of it, a view."""
 """Per-run deploy state under the remote workdir: config, run script, pid, exit code."""
 
 

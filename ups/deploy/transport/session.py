@@ -13,8 +13,8 @@ from typing import Any, TextIO
 
 from fabric import Connection
 
+from ups.deploy.entries import AddressedHost, SshHost
 from ups.deploy.errors import PreflightFailed
-from ups.deploy.hosts import AddressedHost, SshHost
 from ups.deploy.transport import remote as rc
 from ups.deploy.transport.connect import connect
 from ups.log import get_logger, render_line

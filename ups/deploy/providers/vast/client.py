@@ -3,8 +3,10 @@
 The SDK finds the API key itself (``api_key=``, ``VAST_API_KEY``,
 ``~/.config/vastai/vast_api_key``, legacy ``~/.vast_api_key``); ups never reads, logs
 or forwards it. Rate limiting (HTTP 429, sent without Retry-After) is retried with
-exponential backoff for ``UPS_VAST_RETRY_S`` seconds (default 120); every other HTTP
-error becomes one :class:`VastApiError` paragraph.
+Vast's :data:`BACKOFF` for ``UPS_VAST_RETRY_S`` seconds (default 120); every other HTTP
+error is classified by what its body says (:func:`classify`: a wrong key answered with
+404 ``auth_error`` is a rejected key, not a missing instance) and becomes the paragraph
+:func:`~ups.deploy.providers.base.api_error` words the same for every provider.
 """
 
 from __future__ import annotations
@@ -22,15 +24,34 @@ from tenacity import (
     stop_after_delay,
 )
 
-from ups.backoff import VAST_API, VAST_DESTROY, Policy
-from ups.deploy.frontend import command
-from ups.deploy.providers import OfferTaken, ProviderApiError
-from ups.deploy.providers.vast.errors import VastApiError
+from ups.backoff import Policy
+from ups.deploy.providers.base import Account, ApiErrorKind, Backoff, ProviderApiError, api_error
 from ups.retry import api_retryable
 
 T = TypeVar("T")
 
-KEY_LOCATIONS = "VAST_API_KEY, ~/.config/vastai/vast_api_key or ~/.vast_api_key"
+ACCOUNT = Account(
+    title="Vast",
+    key_locations="VAST_API_KEY, ~/.config/vastai/vast_api_key or ~/.vast_api_key",
+    key_page="https://cloud.vast.ai/manage-keys/",
+    save_key="vastai set api-key KEY",
+    console="https://cloud.vast.ai/instances/",
+    status_page="https://status.vast.ai",
+    query_help=(
+        "Check the 'offer' query in hosts.yaml against `vastai search offers --help` (fields "
+        "like gpu_name=RTX_4090 num_gpus=2 reliability>0.98)."
+    ),
+    retry_env="UPS_VAST_RETRY_S",
+    endpoint_option="vast_url",
+)
+BACKOFF = Backoff(
+    api=Policy("vast_api", first=0.5, factor=2.0, max_s=15.0),
+    destroy=Policy("vast_destroy", first=1.0, factor=2.0, max_s=10.0),
+    running=Policy("vast_running", first=1.0, factor=1.5, max_s=10.0),
+    ssh=Policy("vast_ssh", first=1.0, factor=2.0, max_s=8.0),
+)
+"""Vast's 429s come without Retry-After; new instances are polled within its rate limit;
+its sshd takes keys for a minute after 'running'."""
 
 
 def _status(err: BaseException) -> int | None:
@@ -43,13 +64,47 @@ TAKEN = re.compile(r"no_such_ask|no longer available|is not available|already re
 """What the API says when an offer was rented by someone else between search and create."""
 
 
+def _body(err: requests.HTTPError) -> object:
+    resp = err.response
+    if resp is None:
+        return str(err)
+    try:
+        return resp.json()
+    except ValueError:
+        return (resp.text or resp.reason or "").strip()
+
+
+def classify(status: int | None, body: object) -> ApiErrorKind:
+    """What a Vast answer means: by the body's ``error`` first (Vast answers a wrong key
+    with 404 ``auth_error`` on some endpoints), by the HTTP status where it says nothing."""
+    code = str(body.get("error") or "") if isinstance(body, dict) else ""
+    text = f"{code} {body.get('msg') or ''}" if isinstance(body, dict) else str(body)
+    if code == "auth_error" or status in (401, 403):
+        return ApiErrorKind.KEY_REJECTED
+    if code == "no_such_ask" or TAKEN.search(text):
+        return ApiErrorKind.OFFER_TAKEN
+    if status == 429 or code == "rate_limited":
+        return ApiErrorKind.RATE_LIMITED
+    if status is not None and status >= 500:
+        return ApiErrorKind.SERVER_ERROR
+    if status == 400:
+        return ApiErrorKind.BAD_REQUEST
+    if status == 404:
+        return ApiErrorKind.NOT_FOUND
+    return ApiErrorKind.OTHER
+
+
 def _retryable(kind: str) -> Callable[[BaseException], bool]:
     """The ``ups.retry.API_RETRY`` rule for calls of ``kind``."""
 
     def check(err: BaseException) -> bool:
         if isinstance(err, requests.ConnectionError | requests.Timeout):
             return api_retryable(kind, None)
-        return isinstance(err, requests.HTTPError) and api_retryable(kind, _status(err))
+        if not isinstance(err, requests.HTTPError):
+            return False
+        if classify(_status(err), _body(err)) is ApiErrorKind.KEY_REJECTED:
+            return False  # a 5xx-looking auth error is still a wrong key
+        return api_retryable(kind, _status(err))
 
     return check
 
@@ -71,13 +126,7 @@ def _wait_hint(policy: Policy) -> Callable[[RetryCallState], float]:
 
 def api_message(err: requests.HTTPError) -> str:
     """The API's own explanation (``msg`` or ``error`` in its JSON body), else the reason."""
-    resp = err.response
-    if resp is None:
-        return str(err)
-    try:
-        body = resp.json()
-    except ValueError:
-        return (resp.text or resp.reason or "").strip()[:300]
+    body = _body(err)
     if isinstance(body, dict):
         return str(body.get("msg") or body.get("error") or body)[:300]
     return str(body)[:300]
@@ -95,18 +144,14 @@ class VastApi:
             # retry=1: the SDK's own retries wait 0.15 s; ups backs off itself (below).
             self.sdk = VastAI(api_key=api_key, server_url=server_url, retry=1, raw=True)
         except RuntimeError:
-            raise VastApiError(
-                f"no Vast API key found: set VAST_API_KEY or save the key from "
-                f"https://cloud.vast.ai/manage-keys/ with `vastai set api-key KEY` (looked in "
-                f"{KEY_LOCATIONS}). ups never takes the key on its command line."
-            ) from None
+            raise api_error(ACCOUNT, ApiErrorKind.KEY_MISSING, "open the API") from None
 
     def call(self, what: str, fn: Callable[[], T], kind: str = "default") -> T:
         """Run one SDK call; retry what ``ups.retry.API_RETRY`` says for ``kind``, explain
         the rest."""
         retrying = Retrying(
             retry=retry_if_exception(_retryable(kind)),
-            wait=_wait_hint(VAST_DESTROY if kind == "destroy" else VAST_API),
+            wait=_wait_hint(BACKOFF.destroy if kind == "destroy" else BACKOFF.api),
             stop=stop_after_delay(self.retry_s),
             reraise=True,
         )
@@ -115,54 +160,22 @@ class VastApi:
         except requests.HTTPError as err:
             raise self._explain(what, err) from None
         except (requests.ConnectionError, requests.Timeout) as err:
-            raise VastApiError(
-                f"cannot reach the Vast API at {self._server()} to {what} after "
-                f"{self.retry_s:.0f} s of retries: {type(err).__name__}. Check the network "
-                "(or `vast_url` in hosts.yaml) and run the command again."
+            raise api_error(
+                ACCOUNT,
+                ApiErrorKind.UNREACHABLE,
+                f"{what} (at {self.server_url or 'https://console.vast.ai'})",
+                detail=type(err).__name__,
+                retried_s=self.retry_s,
             ) from None
-
-    def _server(self) -> str:
-        return self.server_url or "https://console.vast.ai"
 
     def _explain(self, what: str, err: requests.HTTPError) -> ProviderApiError:
         status = _status(err)
-        detail = api_message(err)
-        if what.startswith("create") and TAKEN.search(detail):
-            return OfferTaken(
-                f"the offer was taken before ups could rent it (HTTP {status} when trying to "
-                f"{what}): {detail}. Someone else rented it between the search and the create; "
-                "ups moves on to the next matching offer.",
-                status,
-            )
-        if status in (401, 403):
-            text = (
-                f"the Vast API rejected the API key (HTTP {status}) when trying to {what}: "
-                f"{detail}. The key in {KEY_LOCATIONS} is wrong, revoked or lacks the "
-                "permission; create a new one at https://cloud.vast.ai/manage-keys/ and save it "
-                "with `vastai set api-key KEY`."
-            )
-        elif status == 429:
-            text = (
-                f"the Vast API kept rate-limiting us (HTTP 429) for {self.retry_s:.0f} s while "
-                f"trying to {what}: {detail}. Wait a minute and run the command again (or raise "
-                "UPS_VAST_RETRY_S)."
-            )
-        elif status is not None and status >= 500:
-            text = (
-                f"the Vast API failed to {what} (HTTP {status}, a server error): "
-                f"{detail}. This is Vast's side, not your request: wait a few minutes (see "
-                f"https://status.vast.ai) and run the command again; {command('instances')} "
-                "shows whether anything was left running."
-            )
-        elif status == 400:
-            text = (
-                f"the Vast API rejected the request to {what} (HTTP 400): {detail}. Check the "
-                "'offer' query in hosts.yaml against `vastai search offers --help` (fields like "
-                "gpu_name=RTX_4090 num_gpus=2 reliability>0.98)."
-            )
-        else:
-            text = f"the Vast API failed to {what} (HTTP {status}): {detail}."
-        return VastApiError(text, status)
+        kind = classify(status, _body(err))
+        if kind is ApiErrorKind.OFFER_TAKEN and not what.startswith("create"):
+            kind = ApiErrorKind.NOT_FOUND if status == 404 else ApiErrorKind.OTHER
+        return api_error(
+            ACCOUNT, kind, what, status=status, detail=api_message(err), retried_s=self.retry_s
+        )
 
     # The calls ups makes, each one SDK method.
     def search_offers(
@@ -176,10 +189,12 @@ class VastApi:
                     )
                 )
             except ValueError as err:  # the SDK parses the query before sending it
-                raise VastApiError(
+                raise ProviderApiError(
                     f"the offer query {query!r} does not parse: {err}. Write it as "
                     "`field op value` terms separated by spaces, e.g. "
-                    "'gpu_name=RTX_4090 num_gpus>=2'."
+                    "'gpu_name=RTX_4090 num_gpus>=2'.",
+                    None,
+                    ApiErrorKind.BAD_REQUEST,
                 ) from None
 
         return self.call("search offers", search)
@@ -196,8 +211,8 @@ class VastApi:
             try:
                 row: dict[str, Any] | None = self.sdk.show_instance(id=instance_id)
             except requests.HTTPError as err:
-                if _status(err) == 404:
-                    return None
+                if classify(_status(err), _body(err)) is ApiErrorKind.NOT_FOUND:
+                    return None  # gone; a 404 auth_error is a wrong key, not a gone instance
                 raise
             return row
 

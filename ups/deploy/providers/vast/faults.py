@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ups.deploy.providers import Side
+from ups.deploy.providers.base import Side
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
-"""A Vast instance as ups sees it: the API row, its label, and one state out of six.
+"""A Vast instance as ups sees it: the API row as a typed
+:class:`~ups.deploy.providers.base.Instance`, in one state out of six.
 
-The state machine is the contract the lifecycle (and the outbid recovery built on it)
-reads; every field comes from ``show_instance(s)``::
+The state follows from three of the row's fields (``show_instance(s)``)::
 
     LOADING --> RUNNING --> STOPPED          (stopped by us or by the user)
        |           |------> OUTBID           (cur_state stopped, intended_status running)
@@ -11,75 +11,48 @@ reads; every field comes from ``show_instance(s)``::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from ups.deploy.providers import InstanceState, parse_label
+from ups.deploy.providers.base import Instance, InstanceState
 from ups.deploy.providers.vast.faults import classify_status
 
 ERROR_WORDS = ("error", "denied", "manifest unknown", "not found", "failed", "unauthorized")
 """Words in ``status_msg`` that mean the instance will never run (Vast keeps it 'loading')."""
 
-
 State = InstanceState
 """Vast's instances have the states every provider's have."""
 
 
-@dataclass(frozen=True)
-class Instance:
-    id: int
-    label: str
-    actual_status: str | None
-    intended_status: str | None
-    cur_state: str | None
-    status_msg: str
-    ssh_host: str | None
-    ssh_port: int | None
-    dph_total: float
-    duration_s: float
-    machine_id: int | None = None
-
-    @classmethod
-    def from_api(cls, row: dict[str, Any]) -> Instance:
-        port = row.get("ssh_port")
-        return cls(
-            id=int(row["id"]),
-            label=str(row.get("label") or ""),
-            actual_status=row.get("actual_status"),
-            intended_status=row.get("intended_status"),
-            cur_state=row.get("cur_state"),
-            status_msg=str(row.get("status_msg") or "").strip(),
-            ssh_host=row.get("ssh_host"),
-            ssh_port=int(port) if port else None,
-            dph_total=float(row.get("dph_total") or 0.0),
-            duration_s=max(0.0, float(row.get("duration") or 0.0)),
-            machine_id=int(row["machine_id"]) if row.get("machine_id") else None,
-        )
-
-    @property
-    def state(self) -> State:
-        return state_of(self)
-
-    @property
-    def run(self) -> tuple[str, str] | None:
-        return parse_label(self.label)
-
-    @property
-    def cost_so_far(self) -> float:
-        """Estimate: the current $/h over the time since start (stopped time bills less)."""
-        return self.dph_total * self.duration_s / 3600.0
+def instance_of(row: dict[str, Any]) -> Instance:
+    """One API row as a typed instance (the row itself rides along in ``data``)."""
+    port = row.get("ssh_port")
+    return Instance(
+        id=str(row["id"]),
+        provider="vast",
+        label=str(row.get("label") or ""),
+        state=state_of(row),
+        status_message=str(row.get("status_msg") or "").strip(),
+        ssh_host=row.get("ssh_host"),
+        ssh_port=int(port) if port else None,
+        price_per_hour=float(row.get("dph_total") or 0.0),
+        uptime_s=max(0.0, float(row.get("duration") or 0.0)),
+        machine_id=str(row["machine_id"]) if row.get("machine_id") else None,
+        data=row,
+    )
 
 
-def state_of(inst: Instance | None) -> State:
-    if inst is None:
+def state_of(row: dict[str, Any] | None) -> State:
+    """The state of one API row (None: the API no longer lists it)."""
+    if row is None:
         return State.GONE
-    if inst.actual_status == "running" and inst.cur_state in (None, "running"):
+    actual, cur = row.get("actual_status"), row.get("cur_state")
+    if actual == "running" and cur in (None, "running"):
         return State.RUNNING
-    if inst.cur_state == "stopped" and inst.intended_status == "running":
+    if cur == "stopped" and row.get("intended_status") == "running":
         return State.OUTBID
-    if inst.cur_state == "stopped" or inst.actual_status in ("exited", "stopped"):
+    if cur == "stopped" or actual in ("exited", "stopped"):
         return State.STOPPED
-    if inst.actual_status in ("offline", "unknown") or looks_failed(inst.status_msg):
+    if actual in ("offline", "unknown") or looks_failed(str(row.get("status_msg") or "")):
         return State.FAILED
     return State.LOADING
 

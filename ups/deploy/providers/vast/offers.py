@@ -1,89 +1,63 @@
-"""Choose the offer to rent: the first, in the API's order, at or under the price cap."""
+"""The offer requirements as Vast's search, and its rows as typed offers.
+
+Vast's query language says the GPU count, memory and reliability itself; the GPU models
+and regions people write (``A100`` for ``A100 SXM4``) are matched on the typed offers
+(:meth:`~ups.deploy.providers.base.OfferRequirements.admits`), and the entry's own
+``offer`` query narrows the search further.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from ups.deploy.providers import NoOffer
+from ups.deploy.providers.base import ORDER_PRICE, Offer, OfferRequirements
+
+API_ORDER = "dph_total"
+"""What a search by price is ordered by on Vast (the on-demand $/h with the disk)."""
 
 
-@dataclass(frozen=True)
-class Offer:
-    id: int
-    dph_total: float
-    """On-demand $/h including the requested disk."""
-    min_bid: float
-    gpu_name: str
-    num_gpus: int
-    geolocation: str
-    machine_id: int | None = None
-    """The physical machine; several offers can share one, and its faults follow it."""
-    host_id: int | None = None
-
-    @classmethod
-    def from_api(cls, row: dict[str, Any]) -> Offer:
-        return cls(
-            id=int(row["id"]),
-            dph_total=float(row.get("dph_total") or 0.0),
-            min_bid=float(row.get("min_bid") or 0.0),
-            gpu_name=str(row.get("gpu_name") or "?"),
-            num_gpus=int(row.get("num_gpus") or 0),
-            geolocation=str(row.get("geolocation") or "?"),
-            machine_id=_int_or_none(row.get("machine_id")),
-            host_id=_int_or_none(row.get("host_id")),
-        )
-
-    def price(self, interruptible: bool | float) -> float:
-        """What renting costs per hour: the bid for interruptible, else ``dph_total``."""
-        bid = bid_price(self, interruptible)
-        return self.dph_total if bid is None else bid
-
-    def describe(self) -> str:
-        return f"offer {self.id}: {self.num_gpus}x {self.gpu_name} in {self.geolocation}"
+def query_of(req: OfferRequirements) -> str:
+    """The Vast query for ``req``: its own terms, then the entry's ``offer`` query."""
+    terms = []
+    if req.num_gpus is not None:
+        terms.append(f"num_gpus={req.num_gpus}")
+    if req.min_gpu_ram_gb is not None:
+        terms.append(f"gpu_ram>={req.min_gpu_ram_gb:g}")  # the SDK turns GB into Vast's MB
+    if req.min_reliability is not None:
+        terms.append(f"reliability>={req.min_reliability:g}")
+    if req.query:
+        terms.append(req.query)
+    return " ".join(terms)
 
 
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+def order_of(req: OfferRequirements) -> str:
+    return API_ORDER if req.order == ORDER_PRICE else req.order
 
 
-def without_machines(rows: list[dict[str, Any]], machines: set[int]) -> list[dict[str, Any]]:
-    """The search rows whose machine is not in ``machines`` (the ledger's, the tried ones)."""
-    return [row for row in rows if _int_or_none(row.get("machine_id")) not in machines]
+def offer_type(req: OfferRequirements) -> str:
+    return "on-demand" if req.interruptible is False else "bid"
 
 
-def bid_price(offer: Offer, interruptible: bool | float) -> float | None:
-    """None on demand; ``true`` bids the offer's minimum, a number bids itself."""
-    if interruptible is False:
-        return None
-    if interruptible is True:
-        return offer.min_bid
-    return float(interruptible)
-
-
-def offer_type(interruptible: bool | float) -> str:
-    return "on-demand" if interruptible is False else "bid"
-
-
-def choose(
-    rows: list[dict[str, Any]], cap: float, interruptible: bool | float, query: str
-) -> Offer:
-    """The first offer priced at or under ``cap``; else say the cheapest near miss."""
-    offers = [Offer.from_api(row) for row in rows]
-    for offer in offers:
-        if offer.price(interruptible) <= cap and (
-            interruptible is False or offer.price(interruptible) >= offer.min_bid
-        ):
-            return offer
-    if not offers:
-        raise NoOffer(
-            f"no Vast offer matches {query!r}; nothing was created. Loosen the 'offer' query "
-            "in hosts.yaml (try it with `vastai search offers '<query>'`)."
-        )
-    cheapest = min(offers, key=lambda o: max(o.price(interruptible), o.min_bid))
-    price = max(cheapest.price(interruptible), cheapest.min_bid)
-    raise NoOffer(
-        f"no Vast offer matching {query!r} is at or under max_price_per_hour ${cap:.3f}/h; "
-        f"the cheapest of {len(offers)} is {cheapest.describe()} at ${price:.3f}/h. Nothing "
-        "was created. Raise max_price_per_hour in hosts.yaml or loosen the query."
+def offer_of(row: dict[str, Any], interruptible: bool) -> Offer:
+    """One search row as a typed offer (the row itself rides along in ``data``)."""
+    ram_mb = row.get("gpu_ram")
+    reliability = row.get("reliability", row.get("reliability2"))
+    return Offer(
+        id=str(row["id"]),
+        provider="vast",
+        gpu_name=str(row.get("gpu_name") or "?"),
+        num_gpus=int(row.get("num_gpus") or 0),
+        gpu_ram_gb=float(ram_mb) / 1000.0 if ram_mb else None,
+        price_per_hour=float(row.get("dph_total") or 0.0),
+        region=str(row.get("geolocation") or "?"),
+        interruptible=interruptible,
+        min_bid_per_hour=float(row.get("min_bid") or 0.0),
+        reliability=float(reliability) if reliability is not None else None,
+        machine_id=_str_or_none(row.get("machine_id")),
+        host_id=_str_or_none(row.get("host_id")),
+        data=row,
     )
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,7 +1,9 @@
-"""``kind: vast``: ups rents an instance for the run, trains, fetches and ends it.
+"""A rented entry (``kind: <provider>``, any provider of the registry
+:mod:`ups.deploy.providers`): ups rents an instance for the run, trains, fetches and ends
+it, recovering the run across instances and providers (:mod:`ups.deploy.managed`).
 
-The adapter the registry (``ups.deploy.kinds``) finds; the Vast SDK is imported only
-when a vast entry is used.
+The adapter the kinds registry (``ups.deploy.kinds``) finds for every provider's entry; a
+provider's SDK is imported only when one of its entries is used.
 """
 
 from __future__ import annotations
@@ -11,45 +13,46 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, TextIO
 
-from ups.deploy import kinds
+from ups.deploy import providers
+from ups.deploy.entries import RentedHost
 from ups.deploy.errors import UsageError
 from ups.deploy.frontend import command
-from ups.deploy.hosts import AddressedHost, HostSpec, VastHost, get_host
+from ups.deploy.hosts import AddressedHost, HostSpec, get_host
 from ups.deploy.request import DeployRequest
 from ups.deploy.transport import remote as rc
 
 if TYPE_CHECKING:
-    from ups.deploy.managed.ops import VastDeploy
+    from ups.deploy.managed.ops import ManagedDeploy
 
 
-def own(spec: HostSpec) -> VastHost:
-    """``spec`` as the vast entry the registry chose this kind for."""
-    assert isinstance(spec, VastHost), spec
+def own(spec: HostSpec) -> RentedHost:
+    """``spec`` as the rented entry the registry chose this kind for."""
+    assert isinstance(spec, RentedHost), spec
     return spec
 
 
-class Vast:
-    name = "vast"
+class Rented:
+    name = "rented"
     supported = frozenset(
         {"run", "overrides", "dry_run", "follow", "skip_preflight", "save", "workload"}
     )
     instead = MappingProxyType(
         {
-            "fresh": "a vast deploy always starts a new run on a new instance unless --run names "
-            "one. Leave out --fresh.",
-            "sync_wheel": "a vast instance starts from the image: publish a new image, point "
+            "fresh": "a rented deploy always starts a new run on a new instance unless --run "
+            "names one. Leave out --fresh.",
+            "sync_wheel": "a rented instance starts from the image: publish a new image, point "
             "`image:` in hosts.yaml at it and deploy again.",
         }
     )
 
     def plan(
         self, request: DeployRequest, specs: Sequence[HostSpec], known_hosts: Path, out: TextIO
-    ) -> VastDeploy:
+    ) -> ManagedDeploy:
         from ups.deploy.managed import ops
 
         if request.workload is not None and not request.follow:
             raise UsageError(
-                "--detach with --script/--run-file on a vast host: a script's managed run is "
+                "--detach with --script/--run-file on a rented host: a script's managed run is "
                 "supervised by the deploy that follows it (a background supervisor rebuilds "
                 "the run from a ups config). Leave out --detach."
             )
@@ -88,17 +91,17 @@ class Vast:
         return ops.down(own(spec), out, run)
 
 
-KIND = Vast()
+KIND = Rented()
 
 
-def entry(host: str, hosts_file: str | None) -> VastHost:
-    """The ``kind: vast`` entry ``host`` (`fab instances` and `fab down` manage its instances)."""
+def entry(host: str, hosts_file: str | None) -> RentedHost:
+    """The rented entry ``host`` (`fab instances` and `fab down` manage its instances)."""
     spec, _known = get_host(host, hosts_file)
-    if not isinstance(spec, VastHost):
+    if not isinstance(spec, RentedHost):
         raise UsageError(
-            f"host {host!r} is kind {kinds.of(spec).name}, not vast: {command('instances')} "
-            f"and {command('down')} manage Vast instances that ups created. Pass a `kind: vast` "
-            "entry."
+            f"host {host!r} is kind {spec.kind}, not a rented one: {command('instances')} and "
+            f"{command('down')} manage the instances ups rented. Pass an entry of kind "
+            f"{' or '.join(providers.NAMES)}."
         )
     return spec
 

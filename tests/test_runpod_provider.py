@@ -1,0 +1,163 @@
+"""The RunPod provider through the real ``runpod`` SDK against the FAKE RunPod API
+(tests/fake_runpod.py) with real pods: offers, an on-demand pod reached over SSH with the
+account's key, a spot pod at its minimum bid preempted (SIGTERM first, volume kept,
+OUTBID), the pod ending itself with its own scoped key and no other, terminate; and the
+API's 429s, gateway errors and a rejected key (both wordings) answered with one
+paragraph. One FAKE and two pods for all of it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fake_runpod import CLIENT_KEY, FakeRunPod, fake_runpod, runpod_entry
+from ups.deploy.providers.base import (
+    ApiErrorKind,
+    CreateRequest,
+    InstanceState,
+    OfferRequirements,
+    OfferTaken,
+    ProviderApiError,
+)
+from ups.deploy.providers.runpod import on_instance, open_provider
+from ups.deploy.providers.runpod.entry import RunPodHost
+from ups.deploy.providers.runpod.provider import RunPodProvider
+
+__all__ = ["fake_runpod"]  # fixture used by name below
+
+TRAP = (
+    "mkdir -p {workdir} && "
+    "(trap 'echo term > {workdir}/got-sigterm; exit 0' TERM; while :; do sleep 0.1; done) &\n"
+)
+
+
+def _provider(fake: FakeRunPod, monkeypatch: pytest.MonkeyPatch) -> RunPodProvider:
+    monkeypatch.setenv("RUNPOD_API_KEY", fake.api_key)
+    monkeypatch.setenv("UPS_RUNPOD_RETRY_S", "20")
+    entry = runpod_entry(fake, name="rp")
+    entry.pop("kind")
+    provider = open_provider(RunPodHost(**entry))
+    assert isinstance(provider, RunPodProvider)
+    return provider
+
+
+def _wait(provider: RunPodProvider, pod_id: str, state: InstanceState) -> None:
+    deadline = time.monotonic() + 60
+    while (inst := provider.get(pod_id)) is None or inst.state is not state:
+        assert time.monotonic() < deadline, f"pod {pod_id} never {state}: {inst}"
+        time.sleep(0.2)  # the FAKE booting the pod
+
+
+def _ssh(fake: FakeRunPod, port: int, command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ssh", "-i", str(fake.root / CLIENT_KEY), "-p", str(port), "-o", "BatchMode=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         f"{os.environ.get('USER', 'root')}@127.0.0.1", command],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_pods_through_the_sdk_on_demand_and_spot_preempted(
+    fake_runpod: FakeRunPod, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Search, create (on demand and spot), SSH, list by run, preemption, self-destruct
+    with the pod's own key, terminate: every call through the real SDK."""
+    fake = fake_runpod
+    provider = _provider(fake, monkeypatch)
+    req = OfferRequirements(gpu_names=("RTX 4090",), num_gpus=2, interruptible=True)
+    (offer,) = provider.search(req)
+    assert offer.gpu_name == "NVIDIA GeForce RTX 4090" and offer.min_bid_per_hour == 0.58
+    onstart = TRAP.format(workdir=fake.workdir)
+    ask = CreateRequest(run_id="r1", host="rp", epoch=3, image="img", disk_gb=20,
+                        onstart=onstart, env={"NOTE": 'a "quoted" value'})  # fmt: skip
+    on_demand = provider.create(offer, ask)
+    spot = provider.create(offer, CreateRequest(**{**ask.__dict__, "bid_per_hour": 0.58}))
+    assert fake.queries.count("podRentInterruptable") == 1
+    for pod in (on_demand, spot):
+        _wait(provider, pod, InstanceState.RUNNING)
+    inst = provider.get(on_demand)
+    assert inst is not None and inst.label == "ups:rp:r1@3" and inst.run is not None
+    assert inst.run.epoch == 3 and inst.price_per_hour == pytest.approx(1.38)
+    assert inst.ssh_host == "127.0.0.1" and inst.ssh_port is not None
+    # The account's key (RunPod's PUBLIC_KEY) lets SSH in; the env arrived intact.
+    deadline = time.monotonic() + 30
+    while (done := _ssh(fake, inst.ssh_port, "echo ok")).returncode != 0:
+        assert time.monotonic() < deadline, done.stderr
+        time.sleep(0.5)  # the pod's start command installing the key
+    assert fake.pods[on_demand].env["NOTE"] == 'a "quoted" value'
+    assert {i.id for i in provider.list("r1")} == {on_demand, spot}
+    assert provider.list("other-run") == []
+
+    # Preempted: SIGTERM reaches the pod's processes first; the volume stays; OUTBID.
+    fake.preempt_warning_s = 2.0
+    fake.preempt(spot)
+    pod = fake.pods[spot]
+    assert (pod.machine.disk / "workspace" / "got-sigterm").read_text().strip() == "term"
+    assert provider.get(spot).state is InstanceState.OUTBID  # type: ignore[union-attr]
+    assert pod.machine.pids() == [] and (pod.machine.disk / "workspace").is_dir()
+
+    # The pod ends itself with its own scoped key, which reaches no other pod.
+    monkeypatch.setenv("RUNPOD_POD_ID", spot)
+    on_pod = on_instance(fake.url, fake.pods[spot].pod_key)
+    assert on_pod.instance_id() == spot
+    monkeypatch.setenv("RUNPOD_POD_ID", on_demand)
+    with pytest.raises(ProviderApiError) as refused:
+        on_pod.end_self("destroy")
+    assert refused.value.kind is ApiErrorKind.KEY_REJECTED
+    monkeypatch.setenv("RUNPOD_POD_ID", spot)
+    on_pod.end_self("destroy")
+    assert spot in fake.terminated and provider.get(spot) is None
+
+    provider.destroy(on_demand)
+    provider.destroy(on_demand)  # already gone: not an error
+    assert fake.live() == [] and fake.terminated[on_demand].machine.pids() == []
+
+    fake.switches.no_capacity = True
+    with pytest.raises(OfferTaken):
+        provider.create(offer, ask)
+
+
+@pytest.mark.slow
+def test_api_errors_are_retried_or_explained_in_one_paragraph(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """429 pages and a 502 gateway page are retried until the API answers; a key RunPod
+    rejects, with a 401 or in words, is one paragraph naming where the key is read and
+    how to replace it (exit 5), with no retry; rate limited past UPS_RUNPOD_RETRY_S says
+    so."""
+    with FakeRunPod(tmp_path / "fake", tmp_path / "workspace", []) as fake:
+        provider = _provider(fake, monkeypatch)
+        fake.switches.rate_limit_next, fake.switches.server_error_next = 2, 1
+        assert provider.list() == []
+        assert (fake.switches.rate_limit_next, fake.switches.server_error_next) == (0, 0)
+        fake.switches.reject_auth = True
+        texts = []
+        for in_words in (False, True):
+            fake.switches.auth_in_errors = in_words
+            asked = len(fake.queries)
+            with pytest.raises(ProviderApiError) as err:
+                provider.list()
+            assert err.value.kind is ApiErrorKind.KEY_REJECTED and err.value.exit_code == 5
+            assert len(fake.queries) == asked  # never retried
+            texts.append(str(err.value))
+        for text in texts:
+            assert "RUNPOD_API_KEY, then ~/.runpod/config.toml" in text
+            assert "make a new one at https://console.runpod.io/user/settings" in text
+        fake.switches.reject_auth = False
+        monkeypatch.setenv("UPS_RUNPOD_RETRY_S", "2")
+        provider = _provider(fake, monkeypatch)
+        monkeypatch.setenv("UPS_RUNPOD_RETRY_S", "2")
+        provider.api.retry_s = 2.0
+        fake.switches.rate_limit_next = 10_000
+        with pytest.raises(ProviderApiError) as err:
+            provider.list()
+        assert err.value.kind is ApiErrorKind.RATE_LIMITED
+        assert "kept rate-limiting us (HTTP 429) for 2 s while trying to list pods" in str(
+            err.value
+        )
