@@ -6,7 +6,7 @@ CI) what each of those imports before doing any work adds up: about 1.5 s of CPU
 process that imports torch. This measures, per checkout (``PYTHONPATH`` set to it, so
 the launched processes import that checkout's ``ups``), alternating between them:
 
-- ``worker``: ``import ups.train.main`` (what each rank imports);
+- ``worker``: ``import ups.train.main`` and ``ups.train.worker`` (what each rank imports);
 - ``launch``: the modules ``ups launch``'s own process imports;
 - ``preflight``: ``import ups.preflight.cli``;
 - ``code check``: deploy's remote version check (``ups.deploy.transport.remote.code_info_command``;
@@ -45,7 +45,9 @@ from ups import jsonio
 
 PY = sys.executable
 IMPORTS = {
-    "worker": "import ups.train.main",
+    # ups-train imports its worker (ups.train.worker) once its flags are read.
+    "worker": "import importlib.util, ups.train.main\n"
+    "if importlib.util.find_spec('ups.train.worker'): import ups.train.worker",
     "launch": "import ups.cli.launch, ups.launch.execute, ups.launch.finalize",
     "preflight": "import ups.preflight.cli",
 }
