@@ -52,7 +52,7 @@ def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
     assert (pre["outcome"], pre["cause"], pre["phase"]) == ("preempted", "preempted", "final_save")
     assert Path(pre["checkpoint"]).is_file()
     assert last_event(out)["exit_code"] == 75
-    requeue = resume_hint(environ={"SLURM_JOB_ID": "4242"})
+    requeue = resume_hint(checkpoint=pre["checkpoint"], environ={"SLURM_JOB_ID": "4242"})
     assert "slurm job 4242" in requeue
     assert pre["reason"].endswith(f"stopped after step {pre['step']}; {requeue}"), pre["reason"]
     assert last_event(out)["resume"] == requeue

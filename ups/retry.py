@@ -119,23 +119,26 @@ preempted or requeued job comes back by itself."""
 
 
 def resume_hint(
-    *, script: bool = False, checkpoint: str | None = None, environ: Mapping[str, str] | None = None
+    *, checkpoint: str | None, script: bool = False, environ: Mapping[str, str] | None = None
 ) -> str:
     """How a run that stopped retryably goes on, in the words of every report of it (the
     trainer's preempted reason, launch's end line): in a Slurm job, the requeue brings it
-    back by itself; elsewhere, the same command again. ``script``: a ``--script`` run, whose
-    ``checkpoint`` (its newest committed one, if any) it gets as ``UPS_RESUME``."""
+    back by itself; elsewhere, the same command again, which continues from ``checkpoint``
+    (the run's newest committed one; a ``--script`` run gets it as ``UPS_RESUME``) or,
+    where there is none, starts over (``ups.rundir.resumable``: a new run for a config)."""
     job = (os.environ if environ is None else environ).get(SLURM_JOB_ENV)
     if job is not None:
         return (
             f"a requeued Slurm job (slurm job {job}) starts again by itself from here; after "
             "`fab stop`, the same `fab deploy` continues it"
         )
-    if not script:
-        return "run the same command again to continue from the last checkpoint"
+    if script:
+        if checkpoint:
+            return f"run the same command again: the script gets UPS_RESUME={checkpoint}"
+        return "run the same command again to start the script again"  # it committed none
     if checkpoint:
-        return f"run the same command again: the script gets UPS_RESUME={checkpoint}"
-    return "run the same command again to start the script again"  # it committed none
+        return "run the same command again to continue from the last checkpoint"
+    return "no checkpoint was written, so the same command starts a new run from step 0"
 
 
 def table_markdown() -> str:

@@ -41,7 +41,7 @@ from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torch
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome
 from ups.retry import resume_hint, retry_verdict
-from ups.rundir import LAUNCH_PID, mark_latest, record_launch
+from ups.rundir import LAUNCH_PID, mark_latest, newest_checkpoint, record_launch
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
 
@@ -84,7 +84,12 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
 
 
 def _resume_hint(plan: LaunchPlan, outcome: Outcome) -> str:
-    return resume_hint(script=plan.script is not None, checkpoint=outcome.checkpoint)
+    if plan.script is not None:
+        return resume_hint(script=True, checkpoint=outcome.checkpoint)
+    # The run dir's own: an outcome launch wrote (a rank killed, a stop before training)
+    # names none, and the next launch resumes from whatever is there (ups.rundir).
+    newest = newest_checkpoint(Path(plan.run_dir))
+    return resume_hint(checkpoint=str(newest[1]) if newest else None)
 
 
 def _try(what: str, action: Callable[[], object], console: TextIO) -> None:

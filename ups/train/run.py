@@ -466,7 +466,7 @@ def _train_and_evaluate(
             exit_code=EXIT_PREEMPTED,
             # state.step counts the steps done: the checkpoint's number, and the table's.
             reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
-            f"{trainer.state.step}; {resume_hint()}",
+            f"{trainer.state.step}; {resume_hint(checkpoint=saved)}",
             step=trainer.state.step,
             world_size=env.world_size,
             signal=stop.signal_name,
