@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from ups.outcome import EXIT_CONFIG
 
 if TYPE_CHECKING:
     from ups.config import Config
+    from ups.launch.plan import LaunchPlan
     from ups.workload import ScriptWorkload
 
 # Only what the flags need is imported up front: a mistake a user can see from the command
@@ -209,6 +211,36 @@ def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWo
 
 
 def main(argv: list[str]) -> int:
+    try:
+        ready = _prepare(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C in the second or two before the run (imports, the config and start
+        # checks, planning): nothing was made or started, so there is no outcome to write.
+        print("ups launch: stopped by Ctrl-C before anything started", file=sys.stderr)
+        return 128 + signal.SIGINT
+    if isinstance(ready, int):
+        return ready
+    return ready.run()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ready:
+    """A planned run, its modules imported: what is left is to run it."""
+
+    plan: LaunchPlan
+    cfg: Config | None
+    gpus: int
+    render: bool
+
+    def run(self) -> int:
+        from ups.launch.execute import execute  # imported already (``_prepare``)
+
+        return execute(self.plan, self.cfg, gpu_count=self.gpus, render=self.render)
+
+
+def _prepare(argv: list[str]) -> int | _Ready:
+    """Read the flags, check the config or script and plan the run: an exit code (a
+    mistake, ``--dry-run``) or the run, ready to start."""
     own, script_args = (
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
     )
@@ -295,8 +327,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(plan.to_json())
         return 0
+    import ups.launch.execute  # noqa: F401  (imported here, where a Ctrl-C is handled)
     from ups.console import wants_console
-    from ups.launch.execute import execute
 
-    render = wants_console(args.log_format, sys.stdout)
-    return execute(plan, cfg, gpu_count=gpus, render=render)
+    return _Ready(plan, cfg, gpus, wants_console(args.log_format, sys.stdout))
