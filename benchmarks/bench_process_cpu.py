@@ -6,13 +6,18 @@ CI) what each of those imports before doing any work adds up: about 1.5 s of CPU
 process that imports torch. This measures, per checkout (``PYTHONPATH`` set to it, so
 the launched processes import that checkout's ``ups``), alternating between them:
 
-- ``worker``: ``import ups.train.main`` (what each rank imports);
+- ``worker``: ``import ups.train.main`` and ``ups.train.worker`` (what each rank imports);
 - ``launch``: the modules ``ups launch``'s own process imports;
 - ``preflight``: ``import ups.preflight.cli``;
 - ``code check``: deploy's remote version check (``ups.deploy.transport.remote.code_info_command``;
   the old checkouts' probe if that is what the checkout has);
 - ``run``: a whole ``ups launch`` of the demo config, 20 steps, 2 ranks, no preflight
-  (CPU of the launch process and every process under it).
+  (CPU of the launch process and every process under it); ``launch self``: the launch
+  process's own share of it (its threads: the tee, the samplers of the ranks' processes);
+- ``train --help``: ``python -m ups.train.main --help``;
+- ``refusal``: ``ups launch`` of the demo config with ``training.precision=fp16`` on this
+  CPU machine, which the workers refuse (exit 2 once launch refuses it itself, exit 1
+  after preflight and torchrun before).
 
     .venv/bin/python benchmarks/bench_process_cpu.py --trees OLD_CHECKOUT . [--repeat 5]
 
@@ -30,25 +35,47 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ups import jsonio
 
 PY = sys.executable
 IMPORTS = {
-    "worker": "import ups.train.main",
+    # ups-train imports its worker (ups.train.worker) once its flags are read.
+    "worker": "import importlib.util, ups.train.main\n"
+    "if importlib.util.find_spec('ups.train.worker'): import ups.train.worker",
     "launch": "import ups.cli.launch, ups.launch.execute, ups.launch.finalize",
     "preflight": "import ups.preflight.cli",
 }
 
 
-def _cpu(argv: list[str], env: dict[str, str], cwd: Path) -> float:
+def _cpu(argv: list[str], env: dict[str, str], cwd: Path, *, check: bool = True) -> float:
     """User + system CPU seconds of ``argv`` and everything it waited for."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, env=env, cwd=cwd, check=True, capture_output=True, timeout=600)
+    subprocess.run(argv, env=env, cwd=cwd, check=check, capture_output=True, timeout=600)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _cpu_and_own(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """:func:`_cpu`, and the CPU seconds of ``argv``'s process alone (read once it has
+    exited, before it is reaped: a zombie keeps its own times, without its children's)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    me = psutil.Process(proc.pid)
+    while me.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    own = me.cpu_times()
+    if proc.wait(timeout=600) != 0:
+        raise subprocess.CalledProcessError(proc.returncode, argv)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return total, own.user + own.system
 
 
 def _code_check(tree: Path, env: dict[str, str], work: Path) -> list[str]:
@@ -72,11 +99,17 @@ def measure(tree: Path, data: Path, work: Path) -> dict[str, float]:
     (run_dir / "data").mkdir()
     (run_dir / "data" / "demo").symlink_to(data.resolve())
     config = (tree / "configs" / "demo.yaml").resolve()
-    row["run"] = _cpu(
+    row["run"], row["launch self"] = _cpu_and_own(
         [PY, "-m", "ups", "launch", str(config), "--skip-preflight", "--set",
          "training.max_steps=20", "--set", "wandb.mode=offline", "--set",
          f"distributed.master_port={_free_port()}"],
         env, run_dir,
+    )  # fmt: skip
+    row["train --help"] = _cpu([PY, "-m", "ups.train.main", "--help"], env, work)
+    row["refusal"] = _cpu(
+        [PY, "-m", "ups", "launch", str(config), "--set", "training.precision=fp16",
+         "--set", f"distributed.master_port={_free_port()}"],
+        env, run_dir, check=False,
     )  # fmt: skip
     return row
 

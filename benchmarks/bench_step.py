@@ -153,24 +153,23 @@ def worker(
 
     from ups.config import load_config
     from ups.data.loader import build_loader
-    from ups.data.pdebench import inspect_task
     from ups.distributed.agreement import Update, agree_local, agree_update
     from ups.distributed.env import read_dist_env
     from ups.distributed.process_group import init_distributed, shutdown_distributed
     from ups.log import setup_logging
-    from ups.train.amp import precision_problems
     from ups.train.run import build_trainer, make_model
     from ups.train.schedule import lr_schedule
     from ups.train.signals import StopFlag
+    from ups.train.startcheck import start_problems
     from ups.train.tracking import Tracker
 
     env = read_dist_env()
     setup_logging(rank=env.rank, stdout=open(os.devnull, "w"))  # noqa: SIM115  # process-long
     cfg = load_config(config, overrides)
-    problems = precision_problems(cfg)  # what the trainer refuses, this refuses alike
+    # What the trainer refuses, this refuses alike.
+    infos, problems = start_problems(cfg, cuda=torch.cuda.is_available())
     if problems:
         raise SystemExit("; ".join(problems))
-    infos = {task.name: inspect_task(task) for task in cfg.tasks}
     device = init_distributed(env, cfg.distributed)
     loader = build_loader(list(cfg.tasks), infos, batch_size=cfg.training.batch_size,
                           num_workers=0, rank=env.rank, world_size=env.world_size,

@@ -108,10 +108,6 @@ WORDS_FROM = {
     ("ups/deploy/providers/vast/client.py", "_explain"): (
         "ups/deploy/providers/vast/client.py:_explain",
     ),
-    ("ups/train/main.py", "main"): (
-        "ups/train/amp.py:precision_problems",
-        "ups/train/faults.py:fault_problems",
-    ),
     ("ups/config/load.py", "load_config"): (
         "ups/config/load.py:_apply",
         "ups/config/checks.py:unknown_key",
@@ -119,6 +115,9 @@ WORDS_FROM = {
     ("ups/train/run.py", "_resume"): ("ups/train/resume.py:strategy_refusal",),
     ("ups/deploy/providers/base.py", "api_error"): ("ups/deploy/providers/base.py:api_error",),
     ("ups/launch/plan.py", "_script_env"): ("ups/workload.py:checkpoint_dir_problem",),
+    ("ups/train/startcheck.py", "strategy_problems"): (
+        "ups/train/startcheck.py:strategy_problems",
+    ),
 }
 PASSES_ON = {
     # (path, function) of a site whose whole text is a message made and scanned elsewhere
@@ -144,8 +143,11 @@ PASSES_ON = {
     ("ups/launch/plan.py", "__post_init__"): "--rdzv-endpoint's ValueError (plan.py)",
     ("ups/preflight/cli.py", "main"): "select_checks's ValueError (runner.py)",
     ("ups/train/loop.py", "_save_failure"): "CheckpointSaveFailed's reason",
-    ("ups/train/main.py", "_inspect_tasks"): "tasks.N (NAME): a DataError's message",
-    ("ups/train/main.py", "main"): "model_problems and cache_problems (scanned)",
+    ("ups/train/startcheck.py", "_inspect_tasks"): "tasks.N (NAME): a DataError's message",
+    ("ups/train/startcheck.py", "start_problems"): "the problems of model_problems (fit.py), "
+    "_cache_problems, device_problems and strategy_problems (scanned)",
+    ("ups/train/worker.py", "work"): "start_problems (startcheck.py), as a ConfigError",
+    ("ups/cli/launch.py", "_prepare"): "start_problems (startcheck.py), as a ConfigError",
     ("ups/workload.py", "_pydantic_problems"): "KEY: pydantic's message",
     ("ups/workload.py", "load_run_file"): "the problems of _check and pydantic, gathered",
     ("ups/workload.py", "script_workload"): "the problems of _check",

@@ -169,6 +169,54 @@ def test_the_readme_config_error_is_what_ups_launch_prints(
     assert not (tmp_path / "runs").exists()
 
 
+def test_launch_refuses_what_the_workers_would_before_starting_anything(
+    make_config: MakeConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What only a worker used to refuse (its start check: a patch that does not divide a
+    grid, fp16 on a run that trains on the CPU, the nccl backend or an ``alloc`` fault
+    without CUDA, FSDP on a torch without FSDP2's reset) is refused by ``ups launch``
+    itself, in the workers' words: exit 2, one paragraph, no run directory, and no
+    process started (this test has no ``slow`` marker: conftest fails it if preflight or
+    torchrun start). Without a CUDA device on the host (this machine) every device line
+    shows; with one, only fp16's under gloo."""
+    import torch
+
+    from ups.torchcompat import fsdp_missing
+
+    cuda = torch.cuda.is_available()
+    monkeypatch.setenv("UPS_FAULTS", "alloc@0:3")
+    config = make_config()
+    sets = ["model.patch_2d=5", "training.precision=fp16", "distributed.backend=gloo"]
+    assert launch_main([str(config), *(f"--set={s}" for s in sets)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith(f"invalid config {config}: ")
+    assert "model.patch_2d=5 does not divide task 'darcy''s grid (16, 16)" in err
+    assert (
+        "training.precision: fp16 needs CUDA (its loss scaler and fast kernels are GPU "
+        "features), and this run trains on the CPU "
+        f"({'distributed.backend: gloo' if cuda else 'this host'}); use bf16 or fp32"
+    ) in err
+    assert ("faults: kind alloc needs CUDA" in err) is not cuda
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+    monkeypatch.delenv("UPS_FAULTS")
+    sets = ["distributed.backend=nccl", "training.strategy=fsdp"]
+    code = launch_main([str(config), "--dry-run", *(f"--set={s}" for s in sets)])
+    err = capsys.readouterr().err
+    assert ("distributed.backend: nccl needs CUDA" in err) is not cuda
+    if fsdp_missing() is not None:  # torch 2.11, 2.12 (CI's oldest-torch tier)
+        assert (
+            "training.strategy: fsdp needs FSDPModule.reset_iter_state, which torch "
+            f"{torch.__version__} lacks (torch 2.13 has it)"
+        ) in err
+    assert code == (0 if cuda and fsdp_missing() is None else EXIT_CONFIG), err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_file_that_does_not_match_its_layout_is_listed_with_the_schema_problems(
     tmp_path: Path, tiny_data: dict[str, Path]
 ) -> None:

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ups.config.faults import parse_faults
 from ups.distributed.agreement import agree_local, status_length
 from ups.distributed.gradbuf import GradBuffer
 from ups.distributed.stacks import DUMP_SIGNAL, parse_dump, where_stuck
@@ -20,7 +21,7 @@ from ups.launch.plan import LaunchRequest, build_plan
 from ups.outcome import EXIT_NONFINITE
 from ups.preflight.checks.ports import pick_free_port
 from ups.train.failures import nonfinite_metrics
-from ups.train.faults import FaultInjector, fault_problems, parse_faults
+from ups.train.faults import FaultInjector
 
 STUCK = """
 import sys, threading, time
@@ -119,7 +120,6 @@ def test_a_pause_holds_the_step_until_the_run_is_asked_to_stop() -> None:
     injector.fire(2)
     assert time.monotonic() - started >= 0.45  # held until the flag was set
     assert time.process_time() - cpu < 0.2  # asleep, not spinning
-    assert fault_problems([mine]) == []
     with pytest.raises(ValueError, match="kind pause holds the training process"):
         parse_faults("pause@1:2:loader")
 

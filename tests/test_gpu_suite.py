@@ -157,18 +157,24 @@ def test_wheel_tags_refuse_torch_and_other_pythons(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="asserts the behaviour of a GPU-less host")
 def test_alloc_fault_without_cuda_is_a_config_problem() -> None:
-    """The real-OOM fault needs the CUDA allocator: on a CPU host it is refused up front."""
-    from ups.config import FaultConfig
-    from ups.train.faults import fault_problems
+    """The real-OOM fault needs the CUDA allocator: without a CUDA device it is refused up
+    front; with one (or with kind oom) it is not."""
+    from ups.config import Config
+    from ups.train.startcheck import device_problems
 
-    alloc = FaultConfig(kind="alloc", rank=0, step=3)
-    assert fault_problems([alloc]) == [
+    task = {"name": "a", "layout": "single_1d", "path": "a.h5"}
+
+    def armed(kind: str) -> Config:
+        fault = {"kind": kind, "rank": 0, "step": 3}
+        return Config.model_validate({"tasks": [task], "faults": [fault]})
+
+    assert device_problems(armed("alloc"), cuda=False) == [
         "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
         "memory); use kind oom on this host"
     ]
-    assert fault_problems([FaultConfig(kind="oom", rank=0, step=3)]) == []
+    assert device_problems(armed("alloc"), cuda=True) == []
+    assert device_problems(armed("oom"), cuda=False) == []
 
 
 def test_results_file_stays_strict_json_with_non_finite_numbers() -> None:

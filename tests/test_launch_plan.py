@@ -318,3 +318,27 @@ def test_output_dir_flag_reaches_the_trainer(
     plan = json.loads(capsys.readouterr().out)
     assert plan["run_dir"] == str(out / "o")
     assert f"run.output_dir={out}" in plan["worker_argv"]
+
+
+def test_ctrl_c_before_the_run_starts_is_one_line_not_a_traceback(
+    make_config: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C in the second or two ``ups launch`` spends importing, checking the config
+    and planning (seen in tmux: a 25-line KeyboardInterrupt traceback ending in an import)
+    says so in one line and exits 130; nothing was made."""
+    import ups.train.startcheck
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ups.train.startcheck, "start_problems", interrupted)
+    try:
+        code = launch_main([str(make_config())])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C before the run escaped ups launch as a traceback")
+    assert code == 130
+    assert capsys.readouterr().err == "ups launch: stopped by Ctrl-C before anything started\n"
+    assert not (tmp_path / "runs").exists()

@@ -19,6 +19,7 @@ from tests.lifecycle_helpers import (
     start,
     wait_for,
 )
+from ups.retry import resume_hint
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 from ups.train.faults import SLOW_SAVE_S
 
@@ -30,11 +31,14 @@ def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
 ) -> None:
     """SIGTERM during training while every save takes 35 s more: launch waits past 30 s,
     the checkpoint is written, outcome preempted (exit 75, phase final_save), nothing
-    survives, and the same command resumes from that step."""
+    survives, and the same command resumes from that step. Run as a Slurm job's step
+    would be (``SLURM_JOB_ID`` set), the trainer's reason and launch's end line both say
+    the requeue brings the job back, not "run the same command again"."""
     cfg = make_config(training={"max_steps": 100_000, "epochs": 1000},
                       checkpoint={"every_steps": 100_000})  # fmt: skip
     log = tmp_path / "runs" / "latest" / "logs" / "launch.log"
-    proc = start(str(tmp_path), str(cfg), "--skip-preflight", env={"UPS_FAULTS": "slow_save@0:0"})
+    env = {"UPS_FAULTS": "slow_save@0:0", "SLURM_JOB_ID": "4242"}
+    proc = start(str(tmp_path), str(cfg), "--skip-preflight", env=env)
     wait_for(log, proc, 240, event="train_step")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -48,6 +52,10 @@ def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
     assert (pre["outcome"], pre["cause"], pre["phase"]) == ("preempted", "preempted", "final_save")
     assert Path(pre["checkpoint"]).is_file()
     assert last_event(out)["exit_code"] == 75
+    requeue = resume_hint(checkpoint=pre["checkpoint"], environ={"SLURM_JOB_ID": "4242"})
+    assert "slurm job 4242" in requeue
+    assert pre["reason"].endswith(f"stopped after step {pre['step']}; {requeue}"), pre["reason"]
+    assert last_event(out)["resume"] == requeue
 
     again = run(str(tmp_path), str(cfg), "--skip-preflight",
                 "--set", f"training.max_steps={pre['step'] + 2}")  # fmt: skip

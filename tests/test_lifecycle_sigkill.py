@@ -52,7 +52,8 @@ def test_sigkilled_rank_is_explained_and_the_same_command_resumes_bit_exactly(
     assert all(v > 50 * 2**20 for v in memory["peak_rss_bytes"].values())  # a torch process
     assert "not the kernel's OOM killer" in out["reason"]
     last = last_event(killed.stdout)
-    assert last["outcome"] == "failed" and "run the same command again" in last["resume"]
+    assert last["outcome"] == "failed"
+    assert last["resume"] == "run the same command again to continue from the last checkpoint"
 
     resumed = run(str(tmp_path), str(cfg), "--skip-preflight")
     assert resumed.returncode == 0, resumed.stdout[-3000:]

@@ -3,6 +3,7 @@ same command continues, resume checks, the OOM-killer verdict, a full disk under
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import io
 import json
@@ -24,8 +25,8 @@ from ups.launch.oom import MemorySnapshot, explain_sigkill, snapshot
 from ups.launch.plan import LaunchRequest, build_plan
 from ups.launch.tee import LineTee
 from ups.outcome import Outcome, read_outcome, write_outcome
-from ups.retry import RETRY_TABLE, retry_verdict, table_markdown
-from ups.rundir import LAUNCH_PID, choose_run, mark_latest, record_launch
+from ups.retry import RETRY_TABLE, resume_hint, retry_verdict, table_markdown
+from ups.rundir import LAUNCH_PID, choose_run, mark_latest, newest_checkpoint, record_launch
 from ups.train.resume import ResumeRefused, check_resume, remapped_step
 
 
@@ -93,6 +94,57 @@ def test_retry_verdicts() -> None:
     assert not retry_verdict(_failed(None, code=65))[0]
     assert not retry_verdict(Outcome(run_id="r", outcome="finished", exit_code=0, reason=""))[0]
     assert len({r.cause for r in RETRY_TABLE}) == len(RETRY_TABLE)
+
+
+def test_resume_hint_says_slurm_brings_the_job_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside Slurm a stopped run goes on with the same command (a script hears what it
+    gets as UPS_RESUME); in a Slurm job (SLURM_JOB_ID, which the ranks inherit) the requeue
+    brings it back by itself, for the trainer and a script alike."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert resume_hint(checkpoint="ck/step_4.pt") == (
+        "run the same command again to continue from the last checkpoint"
+    )
+    assert resume_hint(script=True, checkpoint="ck/step_4") == (
+        "run the same command again: the script gets UPS_RESUME=ck/step_4"
+    )
+    assert resume_hint(script=True, checkpoint=None) == (
+        "run the same command again to start the script again"
+    )
+    monkeypatch.setenv("SLURM_JOB_ID", "17")
+    slurm = (
+        "a requeued Slurm job (slurm job 17) starts again by itself from here; after "
+        "`fab stop`, the same `fab deploy` continues it"
+    )
+    assert resume_hint(checkpoint="ck/step_4.pt") == slurm
+    assert resume_hint(script=True, checkpoint="ck/step_4") == slurm
+
+
+def test_launch_promises_a_checkpoint_only_where_the_run_has_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during preflight left a config run without a checkpoint: the end line said
+    "run the same command again to continue from the last checkpoint", where the same
+    command starts a new run from step 0 (``ups.rundir.resumable``). The hint now looks at
+    the run directory, as the next launch will; an outcome launch wrote names none."""
+    from ups.launch.execute import _resume_hint
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    run_dir = tmp_path / "runs" / "c1"
+    script_plan = build_plan(
+        LaunchRequest(script="t.py", run_id="c1", output_dir=str(tmp_path / "runs")),
+        None, gpu_count=0, pick_port=lambda p: p,
+    )  # fmt: skip
+    plan = dataclasses.replace(script_plan, script=None, run_dir=str(run_dir))
+    stopped = Outcome(run_id="c1", outcome="failed", exit_code=130, reason="SIGINT")
+    assert _resume_hint(plan, stopped) == (
+        "no checkpoint was written, so the same command starts a new run from step 0"
+    )
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_000100.pt").write_bytes(b"x")
+    assert _resume_hint(plan, stopped) == (
+        "run the same command again to continue from the last checkpoint"
+    )
+    assert newest_checkpoint(run_dir) == (100, run_dir / "checkpoints" / "step_000100.pt")
 
 
 def _run_dir(out: Path, run_id: str, outcome: Outcome | None, ckpt: bool = True) -> Path:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,10 @@ import pytest
 from tests.conftest import parse_events
 from tests.launch_helpers import write_script
 from tests.lifecycle_helpers import run
+from ups.launch.plan import LaunchRequest, build_plan
+from ups.launch.procs import RankProcesses, RssSampler
+from ups.launch.ranklogs import RankLogs
+from ups.launch.stall import StallWatch
 from ups.stackdump import DUMP_SIGNAL, SHIM, hooked_pids, main_thread, parse_dump
 
 pytestmark = pytest.mark.slow
@@ -169,3 +174,32 @@ def test_the_hook_keeps_the_environments_own_sitecustomize(tmp_path: Path) -> No
     assert hooked_pids((tmp_path / "stacks" / "rank0.txt").read_text()) == {
         int(pid): int(DUMP_SIGNAL)
     }
+
+
+def test_the_rss_sampler_and_the_stall_watch_share_one_walk(tmp_path: Path) -> None:
+    """launch's two samplers of the ranks' processes (RSS every 0.5 s, the stall watch every
+    second) find them through one ``RankProcesses``: ten looks each, one walk of the process
+    table; when a rank's process ends, the next look walks again and drops it."""
+    procs = [subprocess.Popen(["sleep", "60"], env={**os.environ, "RANK": str(r)}) for r in (0, 1)]
+    try:
+        req = LaunchRequest(script=str(tmp_path / "s.py"), output_dir=str(tmp_path), run_id="w")
+        plan = build_plan(req, None, gpu_count=0, pick_port=lambda port: port, environ={})
+        ranks = RankProcesses(rescan_s=60.0)
+        sampler = RssSampler(ranks)
+        watch = StallWatch(plan, RankLogs(tmp_path / "none", 2, lambda _: None), ranks)
+        rule = watch.rule()
+        for _ in range(10):
+            sampler.sample()
+            watch.poll(rule, time.monotonic())
+        assert ranks.walks == 1
+        assert set(sampler.peak_rss) == {0, 1} and min(sampler.peak_rss.values()) > 0
+        procs[1].kill()
+        procs[1].wait()
+        sampler.sample()  # rank 1's process is gone: said so
+        watch.poll(rule, time.monotonic())  # the next look walks again
+        assert ranks.walks == 2
+        assert [rank for _, rank in ranks.current()] == [0]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

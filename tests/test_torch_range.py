@@ -38,7 +38,7 @@ from ups.torchcompat import (
     supported_range_text,
     torchrun_argv,
 )
-from ups.train.strategies import strategy_problems
+from ups.train.startcheck import strategy_problems
 
 OLDEST_VENV = REPO / ".venv-torch-oldest"
 

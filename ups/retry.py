@@ -14,6 +14,8 @@ loop only burns money, so the user has to change something first.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ups import exitcodes
@@ -110,6 +112,34 @@ def retry_verdict(outcome: Outcome | None, exit_code: int | None = None) -> tupl
     if rule is None:
         return False, f"it failed for an unclassified reason ({outcome.reason})"
     return rule.retryable, rule.meaning
+
+
+SLURM_JOB_ENV = "SLURM_JOB_ID"
+"""Set in a Slurm job's processes (``ups launch``'s and, through torchrun, the ranks'): a
+preempted or requeued job comes back by itself."""
+
+
+def resume_hint(
+    *, checkpoint: str | None, script: bool = False, environ: Mapping[str, str] | None = None
+) -> str:
+    """How a run that stopped retryably goes on, in the words of every report of it (the
+    trainer's preempted reason, launch's end line): in a Slurm job, the requeue brings it
+    back by itself; elsewhere, the same command again, which continues from ``checkpoint``
+    (the run's newest committed one; a ``--script`` run gets it as ``UPS_RESUME``) or,
+    where there is none, starts over (``ups.rundir.resumable``: a new run for a config)."""
+    job = (os.environ if environ is None else environ).get(SLURM_JOB_ENV)
+    if job is not None:
+        return (
+            f"a requeued Slurm job (slurm job {job}) starts again by itself from here; after "
+            "`fab stop`, the same `fab deploy` continues it"
+        )
+    if script:
+        if checkpoint:
+            return f"run the same command again: the script gets UPS_RESUME={checkpoint}"
+        return "run the same command again to start the script again"  # it committed none
+    if checkpoint:
+        return "run the same command again to continue from the last checkpoint"
+    return "no checkpoint was written, so the same command starts a new run from step 0"
 
 
 def table_markdown() -> str:

@@ -49,7 +49,8 @@ class RunChoice:
     """Why the latest run was not continued, when there was one of this name."""
 
 
-def _newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    """The step and path of ``run_dir``'s newest checkpoint (a config run's), if any."""
     found = sorted(
         (int(p.stem.removeprefix("step_")), p)
         for p in run_dir.glob(_CHECKPOINT_GLOB)
@@ -110,7 +111,7 @@ def resumable(
         found = ckpt.latest(script.directory or target / "checkpoints")
         said = outcome.reason if outcome is not None else why
         return Resume(target.name, None, str(found) if found else None, said), None
-    newest = _newest_checkpoint(target)
+    newest = newest_checkpoint(target)
     if newest is None:
         return None, f"latest run {target.name} did not finish ({why}) but has no checkpoint"
     step, path = newest

@@ -6,16 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
-from ups.config import ConfigError, load_config
-from ups.data.pdebench import DataError, inspect_task
-from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_CONFIG
-from ups.train.cache import build_cache
-from ups.train.checkpoint import CheckpointCorrupt, load_checkpoint
-from ups.train.export import NothingToExport, newest_weights
-from ups.train.run import make_model
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    # torch and the trainer only once the flags are good: `--help` answers without them.
+    import torch
+
+    from ups.config import ConfigError, load_config
+    from ups.data.layouts import DataError, inspect_task
+    from ups.log import get_logger, setup_logging
+    from ups.train.cache import build_cache
+    from ups.train.checkpoint import CheckpointCorrupt, load_checkpoint
+    from ups.train.export import NothingToExport, newest_weights
+    from ups.train.run import make_model
+
     setup_logging()
     log = get_logger("cache")
     try:

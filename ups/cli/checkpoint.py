@@ -6,9 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_CONFIG, EXIT_FAILED
-from ups.train.export import NothingToExport, export_weights
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    # torch only once the flags are good: `--help` answers without it.
+    from ups.log import get_logger, setup_logging
+    from ups.train.export import NothingToExport, export_weights
+
     setup_logging()
     log = get_logger("ups.checkpoint")
     run_dir = Path(args.run)

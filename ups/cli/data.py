@@ -10,7 +10,7 @@ from pathlib import Path
 from ups.config import ConfigError, load_config
 from ups.console import wants_console
 from ups.console.steps import steps_line
-from ups.data.pdebench import DataError, inspect_task
+from ups.data.layouts import DataError, inspect_task  # h5py, not torch
 from ups.data.synth import synthesize
 from ups.log import get_logger, setup_logging
 

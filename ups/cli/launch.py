@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from ups.outcome import EXIT_CONFIG
 
 if TYPE_CHECKING:
     from ups.config import Config
+    from ups.launch.plan import LaunchPlan
     from ups.workload import ScriptWorkload
 
 # Only what the flags need is imported up front: a mistake a user can see from the command
@@ -209,6 +211,36 @@ def _from_run_file(args: argparse.Namespace, script_args: list[str]) -> ScriptWo
 
 
 def main(argv: list[str]) -> int:
+    try:
+        ready = _prepare(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C in the second or two before the run (imports, the config and start
+        # checks, planning): nothing was made or started, so there is no outcome to write.
+        print("ups launch: stopped by Ctrl-C before anything started", file=sys.stderr)
+        return 128 + signal.SIGINT
+    if isinstance(ready, int):
+        return ready
+    return ready.run()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Ready:
+    """A planned run, its modules imported: what is left is to run it."""
+
+    plan: LaunchPlan
+    cfg: Config | None
+    gpus: int
+    render: bool
+
+    def run(self) -> int:
+        from ups.launch.execute import execute  # imported already (``_prepare``)
+
+        return execute(self.plan, self.cfg, gpu_count=self.gpus, render=self.render)
+
+
+def _prepare(argv: list[str]) -> int | _Ready:
+    """Read the flags, check the config or script and plan the run: an exit code (a
+    mistake, ``--dry-run``) or the run, ready to start."""
     own, script_args = (
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if ("--" in argv) else (argv, [])
     )
@@ -268,19 +300,26 @@ def main(argv: list[str]) -> int:
         )
         # Every problem the config check can see (the schema's, a missing data file, a
         # file that does not match its layout, a missing cache directory) is a config error
-        # now, all in one report, before a run directory exists or `latest` moves;
-        # preflight is for what needs the host probed.
+        # now, all in one report, before a run directory exists or `latest` moves; then
+        # what the workers would refuse on this host (fp16 without CUDA, FSDP on a torch
+        # without it, a patch that does not divide a grid), in their words. Preflight is
+        # for what needs the host probed.
+        gpus = _gpu_count()
         cfg: Config | None = None
         if req.config_path is not None:
+            from ups.config.faults import with_env_faults
             from ups.data.layouts import inspect_task  # h5py, not torch
+            from ups.train.startcheck import start_problems
 
             cfg = load_config(req.config_path, req.overrides, check_data=inspect_task)
+            _, problems = start_problems(with_env_faults(cfg, os.environ), cuda=gpus > 0)
+            if problems:
+                raise ConfigError(req.config_path, problems)
         from ups.launch.ports import reserve_port
         from ups.preflight import select_checks
 
         select_checks([], req.preflight_skip)  # unknown check names: a flag error, now
 
-        gpus = _gpu_count()
         plan = build_plan(req, cfg, gpu_count=gpus, pick_port=reserve_port)
     except (ConfigError, WorkloadError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
@@ -288,8 +327,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         print(plan.to_json())
         return 0
+    import ups.launch.execute  # noqa: F401  (imported here, where a Ctrl-C is handled)
     from ups.console import wants_console
-    from ups.launch.execute import execute
 
-    render = wants_console(args.log_format, sys.stdout)
-    return execute(plan, cfg, gpu_count=gpus, render=render)
+    return _Ready(plan, cfg, gpus, wants_console(args.log_format, sys.stdout))

@@ -199,6 +199,11 @@ class DistributedConfig(_Strict):
     restart_backoff_s: float = Field(10.0, ge=0.0)
     """Wait before the first in-place restart; doubled for each next one (at most 300 s)."""
 
+    def on_cuda(self, cuda_visible: bool) -> bool:
+        """Whether a run trains on CUDA, where a CUDA device is (``cuda_visible``) or is not
+        visible: ``gloo`` keeps it on the CPU (``ups.distributed.process_group.uses_cuda``)."""
+        return cuda_visible and self.backend != "gloo"
+
 
 ResumeChange = Literal["world_size", "batch", "config", "torch", "data"]
 """Groups of facts a checkpoint records (see ``ups.train.resume``)."""

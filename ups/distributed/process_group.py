@@ -18,7 +18,7 @@ from ups.distributed.env import DistEnv
 def uses_cuda(cfg: DistributedConfig) -> bool:
     """True when a run with ``cfg`` trains on CUDA: a GPU is visible and the backend is not
     ``gloo`` (which keeps the run on the CPU)."""
-    return torch.cuda.is_available() and cfg.backend != "gloo"
+    return cfg.on_cuda(torch.cuda.is_available())
 
 
 def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
@@ -28,11 +28,6 @@ def init_distributed(env: DistEnv, cfg: DistributedConfig) -> torch.device:
     the training loop runs the same collectives either way.
     """
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if uses_cuda(cfg) else "gloo")
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ValueError(
-            "distributed.backend is 'nccl' but CUDA is not available on this host; "
-            "set distributed.backend=auto (gloo on CPU)"
-        )
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", env.local_rank)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import os
 import signal
 import sys
 import time
@@ -41,8 +40,8 @@ from ups.launch.tee import LineTee
 from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.log import get_logger, setup_logging
 from ups.outcome import EXIT_FAILED, Outcome
-from ups.retry import retry_verdict
-from ups.rundir import LAUNCH_PID, mark_latest, record_launch
+from ups.retry import resume_hint, retry_verdict
+from ups.rundir import LAUNCH_PID, mark_latest, newest_checkpoint, record_launch
 
 log = get_logger("ups.launch")  # lazy: follows the tee that execute() sets up later
 
@@ -84,25 +83,13 @@ def _report_end(outcome: Outcome, plan: LaunchPlan, code: int) -> None:
     )
 
 
-SLURM_JOB_ENV = "SLURM_JOB_ID"
-"""Set in a Slurm job's processes: a preempted or requeued job comes back by itself."""
-
-
 def _resume_hint(plan: LaunchPlan, outcome: Outcome) -> str:
-    again = (
-        "run the same command again to continue from the last checkpoint"
-        if plan.script is None
-        else f"run the same command again: the script gets UPS_RESUME={outcome.checkpoint}"
-        if outcome.checkpoint
-        # the script committed no checkpoint: it starts from the beginning
-        else "run the same command again to start the script again"
-    )
-    if SLURM_JOB_ENV not in os.environ:
-        return again
-    return (
-        f"a requeued Slurm job (slurm job {os.environ[SLURM_JOB_ENV]}) starts again by itself "
-        "from here; after `fab stop`, the same `fab deploy` continues it"
-    )
+    if plan.script is not None:
+        return resume_hint(script=True, checkpoint=outcome.checkpoint)
+    # The run dir's own: an outcome launch wrote (a rank killed, a stop before training)
+    # names none, and the next launch resumes from whatever is there (ups.rundir).
+    newest = newest_checkpoint(Path(plan.run_dir))
+    return resume_hint(checkpoint=str(newest[1]) if newest else None)
 
 
 def _try(what: str, action: Callable[[], object], console: TextIO) -> None:

@@ -7,15 +7,21 @@ parent dies is re-parented to launch rather than to init, so
 ``psutil.Process().children(recursive=True)`` always finds every process the run
 started, however the tree was cut. :func:`sweep` ends them (SIGTERM, then SIGKILL).
 
-While torchrun runs, :class:`RssSampler` walks the same tree to record each rank's peak
-resident memory, so a rank killed by SIGKILL can be explained afterwards.
+While torchrun runs, :class:`RankProcesses` finds the ranks' processes in that tree, for
+both of launch's samplers: :class:`RssSampler` (each rank's peak resident memory, so a
+rank killed by SIGKILL can be explained afterwards) and the stall watch
+(``ups.launch.stall``). Finding them means walking the whole process table, so it is
+done once for both, every few seconds; between walks they read only the processes
+already known.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -79,28 +85,72 @@ class RankOf:
         return self._ranks[p.pid]
 
 
+RESCAN_S = 5.0
+"""How often (at most) :class:`RankProcesses` walks the process table for new rank processes
+(a rank's DataLoader and compile workers); sooner when a known one has gone."""
+
+
+class RankProcesses:
+    """The ranks' processes (those with ``RANK`` in their environment) and their ranks,
+    shared by the threads that sample them: the process table is walked while none is
+    known, every ``rescan_s``, and after a sampler said one has :meth:`gone`."""
+
+    def __init__(self, rescan_s: float = RESCAN_S) -> None:
+        self.rescan_s = rescan_s
+        self.walks = 0
+        """How many times the process table was walked (for tests and benchmarks)."""
+        self._rank_of = RankOf()
+        self._known: list[tuple[psutil.Process, int]] = []
+        self._walked_at = -math.inf
+        self._stale = False
+        self._lock = threading.Lock()
+
+    def current(self, now: float | None = None) -> list[tuple[psutil.Process, int]]:
+        """Each rank process with its rank, walking the table only when it is due."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._stale or not self._known or now - self._walked_at >= self.rescan_s:
+                self._known = self._walk()
+                self._walked_at, self._stale = now, False
+            return list(self._known)
+
+    def fresh(self) -> list[tuple[psutil.Process, int]]:
+        """Each rank process alive now (a walk, whatever is due): before ending them."""
+        with self._lock:
+            self._known, self._walked_at, self._stale = self._walk(), time.monotonic(), False
+            return list(self._known)
+
+    def gone(self) -> None:
+        """A known process has ended (or is a zombie): the next look walks the table for
+        what replaced it."""
+        self._stale = True
+
+    def _walk(self) -> list[tuple[psutil.Process, int]]:
+        self.walks += 1
+        return [(p, rank) for p in descendants() if (rank := self._rank_of(p)) is not None]
+
+
 @dataclass
 class RssSampler:
-    """Peak RSS per rank, sampled every ``interval_s`` from the processes with ``RANK`` set.
+    """Peak RSS per rank, sampled every ``interval_s`` from the ranks' processes.
 
     Sampled, so a spike shorter than the interval can be missed; what it records is a
-    lower bound of the true peak (the kernel's own peak is per cgroup, not per rank).
+    lower bound of the true peak (the kernel's own peak is per cgroup, not per rank). A
+    process a rank starts is sampled from the next walk of :class:`RankProcesses` on.
     """
 
+    ranks: RankProcesses = field(default_factory=RankProcesses)
     interval_s: float = 0.5
     peak_rss: dict[int, int] = field(default_factory=dict)
-    _rank_of: RankOf = field(default_factory=RankOf)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def sample(self) -> None:
-        for p in descendants():
-            rank = self._rank_of(p)
-            if rank is None:
-                continue
+        for p, rank in self.ranks.current():
             try:
                 rss = int(p.memory_info().rss)
             except psutil.Error:
+                self.ranks.gone()
                 continue
             self.peak_rss[rank] = max(rss, self.peak_rss.get(rank, 0))
 

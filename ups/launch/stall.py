@@ -29,7 +29,7 @@ import psutil
 
 from ups.ckpt import RECORD
 from ups.launch.plan import LaunchPlan, hook_dir, progress_dir, stack_dir
-from ups.launch.procs import RankOf, descendants
+from ups.launch.procs import RESCAN_S, RankProcesses
 from ups.launch.ranklogs import RankLogs
 from ups.launch.scriptrun import checkpoint_dir, newest
 from ups.launch.stallrule import RankTrack, RuledOut, Stacks, Stalled, StallRule
@@ -43,16 +43,18 @@ KILL_GRACE_S = 5.0
 """SIGTERM to SIGKILL of a stalled run's ranks."""
 DUMP_WAIT_S = 3.0
 """The longest wait for the ranks' stack dumps to land."""
-RESCAN_S = 5.0
-"""How often (at most; a tenth of the timeout when that is shorter) the whole process
-table is walked for the ranks' processes (new DataLoader and compile workers); between
-walks only the known ones are read."""
 _MARK = "--- ups launch: stacks of rank {rank} (pid {pid}) at {time}: {why} ---"
 
 
 def poll_interval(timeout_s: float) -> float:
     """Once a second; ten times per timeout for the short ones tests use."""
     return min(1.0, max(0.2, timeout_s / 10))
+
+
+def rescan_interval(timeout_s: float | None) -> float:
+    """How often the ranks' processes are looked for (``RankProcesses``): every
+    :data:`ups.launch.procs.RESCAN_S`, or a tenth of a shorter stall timeout."""
+    return RESCAN_S if not timeout_s else min(RESCAN_S, timeout_s / 10)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -93,7 +95,9 @@ class _Counters:
 class StallWatch:
     """The watching thread of one torchrun attempt; a no-op when the plan has no timeout."""
 
-    def __init__(self, plan: LaunchPlan, rank_logs: RankLogs) -> None:
+    def __init__(
+        self, plan: LaunchPlan, rank_logs: RankLogs, ranks: RankProcesses | None = None
+    ) -> None:
         self.plan = plan
         self.timeout_s = plan.stall_timeout_s
         self.verdict: Stall | None = None
@@ -102,14 +106,11 @@ class StallWatch:
         self._progress = progress_dir(plan.run_dir)
         self._checkpoints = checkpoint_dir(plan)
         self._agent_pid: int | None = None
-        self._rank_of = RankOf()
+        self._ranks = ranks or RankProcesses(rescan_interval(plan.stall_timeout_s))
         self._seen: dict[int, tuple[int, float, int]] = {}  # pid -> (rank, cpu, io)
         self._totals: dict[int, _Counters] = {}
         self._main: dict[int, int] = {}  # rank -> its process (torchrun's child)
         self._tracks: dict[int, RankTrack] = {}
-        self._procs: list[psutil.Process] = []
-        self._scanned_at = -math.inf
-        self._vanished = False
         self._commit_stamp: tuple[int, int] | None = None
         self._commit_at = -math.inf
         self._done = threading.Event()
@@ -191,24 +192,11 @@ class StallWatch:
         self._sample(now)
         return rule.check(now, self._tracks, self._last_progress(), self._dump)
 
-    def _rescan(self, now: float) -> None:
-        """Find the ranks' processes: a walk of the whole process table (``psutil``), so
-        only every :data:`RESCAN_S`, when a known process has gone, or while none is known."""
-        self._procs = [p for p in descendants() if self._rank_of(p) is not None]
-        self._scanned_at = now
-
     def _sample(self, now: float) -> None:
-        rescan_s = min(RESCAN_S, (self.timeout_s or 0) / 10)
-        if now - self._scanned_at >= rescan_s or self._vanished or not self._procs:
-            self._rescan(now)
-        self._vanished = False
         seen: dict[int, tuple[int, float, int]] = {}
         disk_wait: set[int] = set()
         main: dict[int, int] = {}
-        for p in self._procs:
-            rank = self._rank_of(p)
-            if rank is None:
-                continue
+        for p, rank in self._ranks.current(now):
             try:
                 with p.oneshot():
                     times, status, ppid = p.cpu_times(), p.status(), p.ppid()
@@ -218,7 +206,7 @@ class StallWatch:
                     except (psutil.Error, AttributeError):  # /proc/PID/io unreadable here
                         chars = 0
             except psutil.Error:
-                self._vanished = True  # ended (or a zombie): look for what replaced it
+                self._ranks.gone()  # ended (or a zombie): look for what replaced it
                 continue
             # Children already waited for are in children_*: a rank's short-lived helper
             # processes count even when they start and end between two looks.
@@ -332,7 +320,7 @@ class StallWatch:
             odd_ranks=stall.odd_ranks,
             stacks=stall.stacks,
         )
-        procs = [p for p in descendants() if self._rank_of(p) is not None]
+        procs = [p for p, _ in self._ranks.fresh()]
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 p.terminate()

@@ -30,9 +30,9 @@ from ups import scriptenv
 from ups.fsio import atomic_write_text
 from ups.grace import STOP_REQUEST_FILE
 from ups.launch.plan import LaunchPlan, rank_log_dir
-from ups.launch.procs import RssSampler, sweep
+from ups.launch.procs import RankProcesses, RssSampler, sweep
 from ups.launch.ranklogs import RankLogs, last_words, printed_exception
-from ups.launch.stall import Stall, StallWatch
+from ups.launch.stall import Stall, StallWatch, rescan_interval
 from ups.launch.tee import LineTee
 from ups.log import get_logger
 from ups.outcome import EXIT_PREEMPTED
@@ -338,7 +338,8 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     state: dict[str, str] = {"phase": "torchrun_start"}
     pass_on = _passer(tee, state)
     rank_logs = RankLogs(rank_log_dir(plan.run_dir, plan.node_rank), plan.nproc_per_node, pass_on)
-    watch = StallWatch(plan, rank_logs)
+    ranks = RankProcesses(rescan_interval(plan.stall_timeout_s))  # one walk for both samplers
+    watch = StallWatch(plan, rank_logs, ranks)
     watch.prepare()
     log.info(
         "torchrun_starting",
@@ -360,7 +361,7 @@ def run_torchrun(plan: LaunchPlan, tee: LineTee, attempt: int = 1) -> TorchrunRe
     reader = threading.Thread(target=_follow, args=(proc.stdout, pass_on), daemon=True)
     with (
         _forward_signals(proc, state, request, plan),
-        RssSampler() as sampler,
+        RssSampler(ranks) as sampler,
         rank_logs,
         watch.start(proc.pid),
     ):

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ups.config import ModelConfig
+from ups.model.fit import model_problems
 
 if TYPE_CHECKING:
     from ups.data.pdebench import TaskInfo
@@ -160,25 +161,6 @@ class LatentOperator(nn.Module):
             z = latents[task] if task in latents else self.encode(task, x)
             out[task] = self.decode(task, self.step(z), x)
         return out
-
-
-def model_problems(shapes: list[TaskShape], cfg: ModelConfig) -> list[str]:
-    """Every way the model config does not fit the tasks' grids (empty when it fits)."""
-    problems = []
-    for shape in shapes:
-        key, patch = ("model.patch_1d", cfg.patch_1d)
-        if len(shape.spatial) == 2:
-            key, patch = ("model.patch_2d", cfg.patch_2d)
-        elif len(shape.spatial) != 1:
-            problems.append(f"task {shape.name!r}: {len(shape.spatial)}-D grids are not supported")
-            continue
-        bad = [size for size in shape.spatial if size % patch]
-        if bad:
-            problems.append(
-                f"{key}={patch} does not divide task {shape.name!r}'s grid {shape.spatial} "
-                "(after reduced_resolution); pick a divisor or change reduced_resolution"
-            )
-    return problems
 
 
 def build_model(shapes: list[TaskShape], cfg: ModelConfig) -> LatentOperator:

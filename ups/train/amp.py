@@ -19,22 +19,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ups.config import Config
-from ups.distributed.process_group import uses_cuda
-
 Precision = str
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def precision_problems(cfg: Config) -> list[str]:
-    """Config problems this host can see before any process group exists."""
-    if cfg.training.precision == "fp16" and not uses_cuda(cfg.distributed):
-        where = "this host" if not torch.cuda.is_available() else "distributed.backend: gloo"
-        return [
-            "training.precision: fp16 needs CUDA (its loss scaler and fast kernels are GPU "
-            f"features), and this run trains on the CPU ({where}); use bf16 or fp32"
-        ]
-    return []
 
 
 @contextlib.contextmanager

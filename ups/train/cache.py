@@ -31,10 +31,10 @@ from ups.config import Config
 from ups.data.pdebench import PDEBenchDataset, TaskInfo
 from ups.fsio import atomic_write_text
 from ups.model import LatentOperator
+from ups.train.startcheck import CACHE_MANIFEST
 
 log = structlog.get_logger()
 ENCODERS = "encoders.pt"
-MANIFEST = "manifest.json"
 
 
 class CacheError(ValueError):
@@ -70,41 +70,15 @@ def build_cache(
         },
         "latent_dim": cfg.model.latent_dim,
     }
-    atomic_write_text(out / MANIFEST, jsonio.dumps(manifest, indent=2) + "\n")
-    return [*written, out / ENCODERS, out / MANIFEST]
-
-
-def cache_problems(cfg: Config, infos: dict[str, TaskInfo]) -> list[str]:
-    """Cheap pre-start check of the manifest against the config (no tensors read)."""
-    try:
-        manifest: dict[str, Any] = json.loads((cfg.cache.dir / MANIFEST).read_text())
-    except (OSError, ValueError) as exc:
-        return [
-            f"cache.dir: no readable {MANIFEST} in {cfg.cache.dir} ({exc}); build the cache "
-            "with `ups cache build CONFIG` or set cache.enabled=false"
-        ]
-    problems = []
-    for t in cfg.tasks:
-        items = infos[t.name].n_train * infos[t.name].pairs_per_sample
-        cached = manifest.get("tasks", {}).get(t.name, {}).get("items")
-        if cached != items:
-            problems.append(
-                f"cache.dir: task {t.name!r} has {cached} cached items but the data has {items}; "
-                "rebuild with `ups cache build CONFIG`"
-            )
-    if manifest.get("latent_dim") != cfg.model.latent_dim:
-        problems.append(
-            f"cache.dir: cached latent width {manifest.get('latent_dim')} != model.latent_dim "
-            f"{cfg.model.latent_dim}; rebuild with `ups cache build CONFIG`"
-        )
-    return problems
+    atomic_write_text(out / CACHE_MANIFEST, jsonio.dumps(manifest, indent=2) + "\n")
+    return [*written, out / ENCODERS, out / CACHE_MANIFEST]
 
 
 def load_cache(cfg: Config, infos: dict[str, TaskInfo], model: LatentOperator) -> dict[str, Tensor]:
     """Load the cached latents (memory-mapped) and the matching frozen encoders into ``model``."""
     directory = cfg.cache.dir
     try:
-        manifest: dict[str, Any] = json.loads((directory / MANIFEST).read_text())
+        manifest: dict[str, Any] = json.loads((directory / CACHE_MANIFEST).read_text())
         encoders = torch.load(directory / ENCODERS, weights_only=True, map_location="cpu")
         latents = {
             t.name: torch.load(directory / f"{t.name}.pt", weights_only=True, mmap=True)["z"]

@@ -1,10 +1,8 @@
 """Fault injection for tests and drills: make one rank fail in a chosen way at a chosen step.
 
-Off unless a fault is configured (``faults:`` in the config or ``UPS_FAULTS`` in the
-env, e.g. ``UPS_FAULTS="oom@1:5,segfault@1:3"`` = kind@rank:step, or
-``oom@1:5:optimizer`` = kind@rank:step:point to fire at a point inside the step, see
-``FaultPoint``). Shipped configs have none, and the trainer logs a warning whenever one
-is armed.
+Off unless a fault is configured (``faults:`` in the config, or ``UPS_FAULTS`` in the env,
+read by ``ups.config.faults``). Shipped configs have none, and the trainer logs a warning
+whenever one is armed.
 """
 
 from __future__ import annotations
@@ -14,52 +12,17 @@ import os
 import signal
 import time
 from collections.abc import Callable, Sequence
-from typing import get_args
 
 import torch
-from pydantic import ValidationError
 
 from ups import scriptenv
 from ups.config import FaultConfig
-from ups.config.schema import FaultKind, FaultPoint
+from ups.config.schema import FaultPoint
 from ups.log import get_logger
 
-ENV_VAR = "UPS_FAULTS"
 ATTEMPT_VAR = scriptenv.ATTEMPT.name
+"""Set by ``ups launch`` for each torchrun attempt (1, 2, ...)."""
 log = get_logger("faults")
-
-
-def parse_faults(text: str) -> list[FaultConfig]:
-    """Parse ``kind@rank:step[:point][,...]``. Raises ValueError naming the bad item."""
-    faults = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        try:
-            kind, _, where = item.partition("@")
-            rank, step, *point = where.split(":")
-            fields = {"kind": kind, "rank": int(rank), "step": int(step)}
-            if point:
-                fields["point"] = point[0] if len(point) == 1 else ":".join(point)
-            faults.append(FaultConfig.model_validate(fields))
-        except ValueError as exc:
-            why = str(exc)
-            if isinstance(exc, ValidationError):  # its own words, without pydantic's frame
-                why = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
-            raise ValueError(
-                f"{ENV_VAR}: cannot read {item!r}; expected kind@rank:step[:point] with kind "
-                f"one of {', '.join(get_args(FaultKind))} and point one of "
-                f"{', '.join(get_args(FaultPoint))} ({why})"
-            ) from None
-    return faults
-
-
-def fault_problems(faults: Sequence[FaultConfig]) -> list[str]:
-    """Config problems of the armed faults that this host can see before training."""
-    if any(f.kind == "alloc" for f in faults) and not torch.cuda.is_available():
-        return [
-            "faults: kind alloc needs CUDA (it makes the CUDA allocator itself run out of "
-            "memory); use kind oom on this host"
-        ]
-    return []
 
 
 def _allocate_past_device_memory(step: int) -> None:

@@ -40,6 +40,7 @@ from ups.outcome import (
     Outcome,
     write_outcome,
 )
+from ups.retry import resume_hint
 from ups.rundir import mark_latest, resolve_run_id
 from ups.train.bucket_sync import (
     final_sync_timeout,
@@ -465,7 +466,7 @@ def _train_and_evaluate(
             exit_code=EXIT_PREEMPTED,
             # state.step counts the steps done: the checkpoint's number, and the table's.
             reason=f"{stop.signal_name or 'SIGTERM'} received; all ranks stopped after step "
-            f"{trainer.state.step}; run the same command again to resume",
+            f"{trainer.state.step}; {resume_hint(checkpoint=saved)}",
             step=trainer.state.step,
             world_size=env.world_size,
             signal=stop.signal_name,

@@ -11,22 +11,7 @@ import torch
 from ups.config.schema import TrainingConfig
 from ups.distributed.env import DistEnv
 from ups.model import LatentOperator
-from ups.torchcompat import FSDP_RESET_SINCE, fsdp_missing
 from ups.train.strategy import DDPStrategy, Strategy
-
-
-def strategy_problems(training: TrainingConfig) -> list[str]:
-    """What this torch cannot do of ``training.strategy`` (a config problem, before any
-    process group): one line naming the release that can."""
-    if training.strategy != "fsdp":
-        return []
-    missing = fsdp_missing()
-    if missing is None:
-        return []
-    return [
-        f"training.strategy: fsdp needs {missing}, which torch {torch.__version__} lacks "
-        f"(torch {FSDP_RESET_SINCE} has it): use strategy ddp here, or torch>={FSDP_RESET_SINCE}"
-    ]
 
 
 def make_strategy(
