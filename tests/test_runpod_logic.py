@@ -31,7 +31,12 @@ from ups.deploy.providers.base import (
 from ups.deploy.providers.runpod import offers
 from ups.deploy.providers.runpod.client import ACCOUNT, classify
 from ups.deploy.providers.runpod.entry import RunPodHost
-from ups.deploy.providers.runpod.pods import instance_of, start_command, state_of
+from ups.deploy.providers.runpod.pods import (
+    PASS_ON_TERM,
+    instance_of,
+    start_command,
+    state_of,
+)
 from ups.deploy.providers.runpod.provider import spot_mutation
 from ups.deploy.providers.runpod.sdk import answer_of, import_sdk
 
@@ -171,7 +176,9 @@ def test_the_start_command_and_the_spot_mutation_survive_the_sdk_quoting() -> No
     script = base64.b64decode(coded.group(1)).decode()
     assert onstart.strip() in script and '"${PUBLIC_KEY:-}"' in script
     assert script.rstrip().endswith("sleep infinity & wait")
-    assert "trap 'kill -TERM -1 2>/dev/null; wait' TERM" in script
+    # PID 1 passes SIGTERM on from its first line: a namespace's init drops a signal it
+    # has no handler for, so a stop during the pod's start would otherwise reach nothing.
+    assert script.splitlines()[0] == f"trap '{PASS_ON_TERM}' TERM"
     from ups.deploy.providers.runpod.client import graphql_string
 
     fields = {

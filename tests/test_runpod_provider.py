@@ -32,9 +32,12 @@ from ups.deploy.providers.runpod.provider import RunPodProvider
 __all__ = ["fake_runpod"]  # fixture used by name below
 
 TRAP = (
-    "mkdir -p {workdir} && "
-    "(trap 'echo term > {workdir}/got-sigterm; exit 0' TERM; while :; do sleep 0.1; done) &\n"
+    "mkdir -p {workdir} && (trap 'sleep 0.5; echo term > {workdir}/got-sigterm; exit 0' TERM; "
+    ": > {workdir}/trap-set; while :; do sleep 0.1; done) &\n"
 )
+"""The pod's boot script in these tests: a process, not the pod's PID 1's child, that takes
+0.5 s to stop on SIGTERM (as `ups launch` checkpointing), records that it did, and says
+when its trap is set (the pod's PID 1 set its own before it ran this)."""
 
 
 def _provider(fake: FakeRunPod, monkeypatch: pytest.MonkeyPatch) -> RunPodProvider:
@@ -97,9 +100,14 @@ def test_pods_through_the_sdk_on_demand_and_spot_preempted(
     assert provider.list("other-run") == []
 
     # Preempted: SIGTERM reaches the pod's processes first; the volume stays; OUTBID.
-    fake.preempt_warning_s = 2.0
-    fake.preempt(spot)
+    # Once the pod's boot script has set its trap: a signal before it would find nothing
+    # to warn (the spot pod is RUNNING as soon as its sshd listens, before its script ran).
     pod = fake.pods[spot]
+    deadline = time.monotonic() + 60
+    while not (pod.machine.disk / "workspace" / "trap-set").exists():
+        assert time.monotonic() < deadline, "the spot pod's boot script never ran"
+        time.sleep(0.1)  # the pod's start command running
+    fake.preempt(spot)
     assert (pod.machine.disk / "workspace" / "got-sigterm").read_text().strip() == "term"
     assert provider.get(spot).state is InstanceState.OUTBID  # type: ignore[union-attr]
     assert pod.machine.pids() == [] and (pod.machine.disk / "workspace").is_dir()
