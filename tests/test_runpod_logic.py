@@ -18,7 +18,13 @@ import pytest
 import requests
 from pydantic import ValidationError
 
-from tests.fake_runpod import SCHEMA, FakeRunPod, default_gpu_types
+from tests.fake_runpod import (
+    GATEWAY_PAGE,
+    RATE_LIMIT_PAGE,
+    SCHEMA,
+    FakeRunPod,
+    default_gpu_types,
+)
 from ups.deploy.providers import package
 from ups.deploy.providers.base import (
     ApiErrorKind,
@@ -29,7 +35,7 @@ from ups.deploy.providers.base import (
     api_error,
 )
 from ups.deploy.providers.runpod import offers
-from ups.deploy.providers.runpod.client import ACCOUNT, classify
+from ups.deploy.providers.runpod.client import ACCOUNT, Answer, classify, data_of
 from ups.deploy.providers.runpod.entry import RunPodHost
 from ups.deploy.providers.runpod.pods import (
     PASS_ON_TERM,
@@ -264,3 +270,30 @@ def _module_level(tree: ast.Module) -> Iterator[ast.stmt]:
         yield node
         for name in ("body", "orelse", "finalbody", "handlers"):
             todo.extend(getattr(node, name, []))
+
+
+@pytest.mark.parametrize(
+    ("status", "page", "kind"),
+    [
+        (401, "Unauthorized", ApiErrorKind.KEY_REJECTED),
+        (
+            200,
+            '{"errors": [{"message": "Unauthorized: invalid API key"}]}',
+            ApiErrorKind.KEY_REJECTED,
+        ),
+        (429, RATE_LIMIT_PAGE, ApiErrorKind.RATE_LIMITED),
+        (502, GATEWAY_PAGE.format(status=502), ApiErrorKind.SERVER_ERROR),
+        (200, "<html>maintenance</html>", ApiErrorKind.SERVER_ERROR),
+        (200, '{"data": null}', ApiErrorKind.SERVER_ERROR),
+        (200, '{"errors": [{"message": "Pod abc not found."}]}', ApiErrorKind.NOT_FOUND),
+    ],
+)
+def test_the_pods_plain_answers_are_read_as_the_sdks(
+    status: int, page: str, kind: ApiErrorKind
+) -> None:
+    """What the pod's standard-library client makes of each answer RunPod (or a gateway in
+    front of it) gives, as the SDK's failure for it is read on the laptop."""
+    with pytest.raises(Answer) as failed:
+        data_of(status, page)
+    assert classify(failed.value.status, failed.value.body) is kind
+    assert data_of(200, '{"data": {"podTerminate": null}}') == {"podTerminate": None}

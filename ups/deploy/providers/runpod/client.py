@@ -220,8 +220,9 @@ class PlainApi(Calls):
         except urllib.error.HTTPError as err:  # an answer: 4xx, 5xx
             status, page = err.code, err.read()
         except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
-            reason = getattr(err, "reason", err)
-            raise Unreachable(type(reason).__name__) from None
+            reason = getattr(err, "reason", err)  # URLError's: the socket's error
+            said = type(reason).__name__ if isinstance(reason, BaseException) else str(reason)
+            raise Unreachable(said) from None
         return data_of(status, page.decode(errors="replace"))
 
 
