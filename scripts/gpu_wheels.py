@@ -30,9 +30,11 @@ ON_GPU_MACHINE = frozenset(
 )
 """Python packages the GPU machine's image holds (listed in that file with their source)."""
 NEVER = ("torch", "triton", "nvidia-")
-NOT_FOR_THE_SUITE = frozenset({"boto3"})
-"""Dependencies no suite step imports: boto3 (with botocore, 17 MB) only serves
-``checkpoint_sync: s3://``, which the suite does not set; carrying it would pass 64 MiB."""
+NOT_FOR_THE_SUITE = frozenset({"boto3", "botocore", "runpod"})
+"""Dependencies no suite step imports (ups imports each lazily, where it is used): boto3
+and botocore (17 MB) only serve ``checkpoint_sync: s3://``, which the suite does not set;
+runpod (with fastapi, uvicorn, aiohttp) only the runpod host kind. Carrying them would
+pass 64 MiB."""
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_34_x86_64",
              "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux_2_12_x86_64",
