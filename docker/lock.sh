@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Write docker/requirements.lock with uv: ups's runtime dependencies from pyproject.toml,
-# except torch (the base image has it, with its own dependencies), plus setuptools (the
-# image builds ups without the network). One universal resolution for every Python from
+# except those [tool.ups.image] leave_out names (torch: the base image has it, with its own
+# dependencies; runpod: the laptop's SDK, which nothing in the image imports: the reasons
+# are beside the list), plus setuptools (the image builds ups without the network). One universal resolution for every Python from
 # 3.11 up (the CPU image runs 3.11, the official GPU image 3.12), every file hashed, so
 # the Dockerfile's `pip install --require-hashes` installs exactly these files.
 #
@@ -34,8 +35,9 @@ import re
 import tomllib
 
 pyproject = tomllib.load(open("pyproject.toml", "rb"))
+leave_out = set(pyproject["tool"]["ups"]["image"]["leave_out"])
 for raw in pyproject["project"]["dependencies"]:
-    if re.split(r"[^A-Za-z0-9._-]", raw, maxsplit=1)[0] != "torch":
+    if re.split(r"[^A-Za-z0-9._-]", raw, maxsplit=1)[0] not in leave_out:
         print(raw)
 print(*(r for r in pyproject["build-system"]["requires"] if r.startswith("setuptools")))
 EOF

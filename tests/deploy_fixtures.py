@@ -235,7 +235,7 @@ def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
             [str(VENV_BIN / "ups"), "data", "synth", "--out", str(root / "demo")],
             check=True,
             capture_output=True,
-            timeout=300,
+            timeout=900,  # once per run, possibly while the heaviest tests start beside it
         )
 
     return made_once_per_run(factory, "demo-data", synth) / "demo"

@@ -296,6 +296,8 @@ class FakeRunPod:
         self.terminated: dict[str, FakePod] = {}
         self.queries: list[str] = []
         """The operation (first field) of every query answered, in order."""
+        self.requests: list[dict[str, Any]] = []
+        """Every request as the API reads it: path, the headers it uses, the JSON body."""
         self.lock = threading.RLock()
         self._machines = itertools.count(1)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -375,7 +377,9 @@ class FakeRunPod:
     def gpu_type(self, gpu_type_id: str | None) -> dict[str, Any] | None:
         return next((g for g in self.gpu_types if g["id"] == gpu_type_id), None)
 
-    def deploy(self, spec: dict[str, Any], bid_per_gpu: float | None) -> FakePod:
+    def deploy(self, spec: dict[str, Any], bid_per_gpu: float | None, boot: bool = True) -> FakePod:
+        """A new pod, booted for real unless ``boot`` is False (a pod listed by the API and
+        never started: tests of the API alone, which start no process)."""
         gpu = self.gpu_type(spec.get("gpuTypeId"))
         if gpu is None:
             raise QueryRefused(f"No GPU type found with id {spec.get('gpuTypeId')!r}.")
@@ -407,7 +411,8 @@ class FakeRunPod:
         )  # fmt: skip
         with self.lock:
             self.pods[pod.id] = pod
-        threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
+        if boot:
+            threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
         return pod
 
     def stop(self, pod: FakePod) -> FakePod:
@@ -552,6 +557,9 @@ def _handler(fake: FakeRunPod) -> type[BaseHTTPRequestHandler]:
                 return self._reply(404, {"errors": [{"message": f"no route {self.path}"}]})
             n = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(n) or b"{}")
+            seen = {h: self.headers.get(h) for h in ("Authorization", "Content-Type")}
+            with fake.lock:
+                fake.requests.append({"path": self.path, **seen, "body": body})
             with fake.lock:
                 if fake.switches.rate_limit_next > 0:
                     fake.switches.rate_limit_next -= 1

@@ -170,9 +170,12 @@ def _locked(text: str) -> dict[str, str]:
 
 
 def test_lock_pins_every_runtime_dependency_within_pyproject_ranges() -> None:
-    """The lock pins each dependency (except torch) to a version that pyproject.toml allows,
-    every one with its files' hashes (the Dockerfile installs with --require-hashes)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    """The lock pins each dependency to a version that pyproject.toml allows, every one with
+    its files' hashes (the Dockerfile installs with --require-hashes), except those
+    [tool.ups.image] leaves out (torch, the RunPod SDK), which it does not hold."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, leave_out = pyproject["project"], pyproject["tool"]["ups"]["image"]["leave_out"]
+    assert {"torch", "runpod"} <= set(leave_out)
     text = (ROOT / "docker/requirements.lock").read_text()
     locked = _locked(text)
     assert "setuptools" in locked  # the source layer builds ups without build isolation
@@ -181,8 +184,8 @@ def test_lock_pins_every_runtime_dependency_within_pyproject_ranges() -> None:
     assert all("--hash=sha256:" in entry for entry in entries)
     for raw in project["dependencies"]:
         req = Requirement(raw)
-        if req.name == "torch":
-            assert "torch" not in locked  # the base image provides it
+        if req.name in leave_out:
+            assert canonicalize_name(req.name) not in locked, f"{req.name} is in the lock"
             continue
         assert canonicalize_name(req.name) in locked, f"{req.name} missing from the lock"
         assert req.specifier.contains(locked[canonicalize_name(req.name)]), req

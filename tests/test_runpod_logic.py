@@ -6,27 +6,47 @@ schema of RunPod's API), the hosts entry. No pod; only importing the SDK starts 
 
 from __future__ import annotations
 
+import ast
 import base64
 import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import graphql
 import pytest
 import requests
 from pydantic import ValidationError
 
-from tests.fake_runpod import SCHEMA, default_gpu_types
+from tests.fake_runpod import (
+    GATEWAY_PAGE,
+    RATE_LIMIT_PAGE,
+    SCHEMA,
+    FakeRunPod,
+    default_gpu_types,
+)
+from ups.deploy.providers import package
 from ups.deploy.providers.base import (
     ApiErrorKind,
     InstanceState,
     OfferRequirements,
     OfferTaken,
+    ProviderApiError,
     api_error,
 )
 from ups.deploy.providers.runpod import offers
-from ups.deploy.providers.runpod.client import ACCOUNT, answer_of, classify, import_sdk
+from ups.deploy.providers.runpod.client import ACCOUNT, Answer, classify, data_of
 from ups.deploy.providers.runpod.entry import RunPodHost
-from ups.deploy.providers.runpod.pods import instance_of, start_command, state_of
+from ups.deploy.providers.runpod.pods import (
+    PASS_ON_TERM,
+    instance_of,
+    start_command,
+    state_of,
+)
 from ups.deploy.providers.runpod.provider import spot_mutation
+from ups.deploy.providers.runpod.sdk import answer_of, import_sdk
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _paragraph(err: BaseException, what: str = "list pods") -> tuple[ApiErrorKind, str]:
@@ -162,7 +182,9 @@ def test_the_start_command_and_the_spot_mutation_survive_the_sdk_quoting() -> No
     script = base64.b64decode(coded.group(1)).decode()
     assert onstart.strip() in script and '"${PUBLIC_KEY:-}"' in script
     assert script.rstrip().endswith("sleep infinity & wait")
-    assert "trap 'kill -TERM -1 2>/dev/null; wait' TERM" in script
+    # PID 1 passes SIGTERM on from its first line: a namespace's init drops a signal it
+    # has no handler for, so a stop during the pod's start would otherwise reach nothing.
+    assert script.splitlines()[0] == f"trap '{PASS_ON_TERM}' TERM"
     from ups.deploy.providers.runpod.client import graphql_string
 
     fields = {
@@ -188,3 +210,93 @@ def test_the_entry_keeps_the_workdir_on_the_volume_and_refuses_reliability() -> 
         RunPodHost(**base, workdir="/root/ups")
     with pytest.raises(ValidationError, match="RunPod reports no reliability"):
         RunPodHost(**base, workdir="/workspace/ups", min_reliability=0.99)
+
+
+def test_the_pod_ends_itself_without_the_sdk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog's path on a pod (the registry's ``on_instance``, then ``end_self``)
+    works where ``import runpod`` fails, as in the ups image (docker/lock.sh leaves the SDK
+    out): it terminates its own pod through the FAKE with the pod's scoped key, and a key
+    for another pod is refused in the one paragraph, not with an ImportError."""
+    monkeypatch.setitem(sys.modules, "runpod", None)  # `import runpod` raises ImportError
+    with FakeRunPod(tmp_path / "fake", tmp_path / "workspace", []) as fake:
+        spec = {"gpuTypeId": "NVIDIA GeForce RTX 4090", "gpuCount": 1, "name": "ups:rp:r@1"}
+        mine, other = (fake.deploy(spec, None, boot=False) for _ in range(2))
+        monkeypatch.setenv("RUNPOD_POD_ID", other.id)
+        monkeypatch.setenv("RUNPOD_API_KEY", mine.pod_key)  # what RunPod sets in a pod
+        on_pod = package("runpod").on_instance(fake.url, None)
+        with pytest.raises(ProviderApiError) as refused:
+            on_pod.end_self("stop")
+        assert refused.value.kind is ApiErrorKind.KEY_REJECTED
+        assert f"when trying to stop pod {other.id}" in str(refused.value)
+        monkeypatch.setenv("RUNPOD_POD_ID", mine.id)
+        on_pod.end_self("destroy")
+        assert fake.queries == ["podStop", "podTerminate"]
+        assert mine.id in fake.terminated and [p.id for p in fake.live()] == [other.id]
+        assert {r["Authorization"] for r in fake.requests} == {f"Bearer {mine.pod_key}"}
+
+
+def test_only_the_sdk_module_imports_runpod_and_only_when_called() -> None:
+    """No module of ups imports the RunPod SDK when it is imported (`ups --help`, `fab
+    --list`, the image's trainer, preflight and launch never load it), and only
+    ``ups.deploy.providers.runpod.sdk`` imports it at all: the laptop's provider. The
+    image has no SDK; anything else importing it would fail there."""
+    importers: dict[str, set[str]] = {}
+    for path in sorted((REPO / "ups").rglob("*.py")):
+        text = path.read_text()
+        if "runpod" not in text:  # no import of it either: not worth parsing
+            continue
+        tree = ast.parse(text, str(path))
+        at_import = {id(node) for node in _module_level(tree)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(name.split(".")[0] == "runpod" for name in names):
+                when = "at import" if id(node) in at_import else "when called"
+                importers.setdefault(when, set()).add(str(path.relative_to(REPO)))
+    assert importers == {"when called": {"ups/deploy/providers/runpod/sdk.py"}}
+
+
+def _module_level(tree: ast.Module) -> Iterator[ast.stmt]:
+    """The statements Python runs when it imports the module: outside every function (class
+    bodies and ``if``/``try`` blocks included)."""
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            todo.extend(getattr(node, name, []))
+
+
+@pytest.mark.parametrize(
+    ("status", "page", "kind"),
+    [
+        (401, "Unauthorized", ApiErrorKind.KEY_REJECTED),
+        (
+            200,
+            '{"errors": [{"message": "Unauthorized: invalid API key"}]}',
+            ApiErrorKind.KEY_REJECTED,
+        ),
+        (429, RATE_LIMIT_PAGE, ApiErrorKind.RATE_LIMITED),
+        (502, GATEWAY_PAGE.format(status=502), ApiErrorKind.SERVER_ERROR),
+        (200, "<html>maintenance</html>", ApiErrorKind.SERVER_ERROR),
+        (200, '{"data": null}', ApiErrorKind.SERVER_ERROR),
+        (200, '{"errors": [{"message": "Pod abc not found."}]}', ApiErrorKind.NOT_FOUND),
+    ],
+)
+def test_the_pods_plain_answers_are_read_as_the_sdks(
+    status: int, page: str, kind: ApiErrorKind
+) -> None:
+    """What the pod's standard-library client makes of each answer RunPod (or a gateway in
+    front of it) gives, as the SDK's failure for it is read on the laptop."""
+    with pytest.raises(Answer) as failed:
+        data_of(status, page)
+    assert classify(failed.value.status, failed.value.body) is kind
+    assert data_of(200, '{"data": {"podTerminate": null}}') == {"podTerminate": None}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_runpod import CLIENT_KEY, FakeRunPod, fake_runpod, runpod_entry
+from tests.fake_runpod import CLIENT_KEY, FakeRunPod, Switches, fake_runpod, runpod_entry
 from ups.deploy.providers.base import (
     ApiErrorKind,
     CreateRequest,
@@ -24,15 +24,20 @@ from ups.deploy.providers.base import (
     ProviderApiError,
 )
 from ups.deploy.providers.runpod import on_instance, open_provider
+from ups.deploy.providers.runpod.client import PlainApi
 from ups.deploy.providers.runpod.entry import RunPodHost
+from ups.deploy.providers.runpod.on_pod import stop_mutation, terminate_mutation
 from ups.deploy.providers.runpod.provider import RunPodProvider
 
 __all__ = ["fake_runpod"]  # fixture used by name below
 
 TRAP = (
-    "mkdir -p {workdir} && "
-    "(trap 'echo term > {workdir}/got-sigterm; exit 0' TERM; while :; do sleep 0.1; done) &\n"
+    "mkdir -p {workdir} && (trap 'sleep 0.5; echo term > {workdir}/got-sigterm; exit 0' TERM; "
+    ": > {workdir}/trap-set; while :; do sleep 0.1; done) &\n"
 )
+"""The pod's boot script in these tests: a process, not the pod's PID 1's child, that takes
+0.5 s to stop on SIGTERM (as `ups launch` checkpointing), records that it did, and says
+when its trap is set (the pod's PID 1 set its own before it ran this)."""
 
 
 def _provider(fake: FakeRunPod, monkeypatch: pytest.MonkeyPatch) -> RunPodProvider:
@@ -95,9 +100,14 @@ def test_pods_through_the_sdk_on_demand_and_spot_preempted(
     assert provider.list("other-run") == []
 
     # Preempted: SIGTERM reaches the pod's processes first; the volume stays; OUTBID.
-    fake.preempt_warning_s = 2.0
-    fake.preempt(spot)
+    # Once the pod's boot script has set its trap: a signal before it would find nothing
+    # to warn (the spot pod is RUNNING as soon as its sshd listens, before its script ran).
     pod = fake.pods[spot]
+    deadline = time.monotonic() + 60
+    while not (pod.machine.disk / "workspace" / "trap-set").exists():
+        assert time.monotonic() < deadline, "the spot pod's boot script never ran"
+        time.sleep(0.1)  # the pod's start command running
+    fake.preempt(spot)
     assert (pod.machine.disk / "workspace" / "got-sigterm").read_text().strip() == "term"
     assert provider.get(spot).state is InstanceState.OUTBID  # type: ignore[union-attr]
     assert pod.machine.pids() == [] and (pod.machine.disk / "workspace").is_dir()
@@ -161,3 +171,43 @@ def test_api_errors_are_retried_or_explained_in_one_paragraph(
         assert "kept rate-limiting us (HTTP 429) for 2 s while trying to list pods" in str(
             err.value
         )
+
+
+@pytest.mark.slow
+def test_the_pods_plain_requests_are_the_sdks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod's watchdog, with no SDK in its image, asks RunPod exactly what the SDK asks
+    (same mutation texts, endpoint, Authorization, body) and the FAKE answers both alike:
+    the same data; after a 429 page or a 502 gateway page, the same retry and data; a
+    rejected key (a 401 or words), a pod not found, the same kind of paragraph."""
+    from runpod.api.mutations import pods as sdk_mutations
+
+    assert terminate_mutation("abc123") == sdk_mutations.generate_pod_terminate_mutation("abc123")
+    assert stop_mutation("abc123") == sdk_mutations.generate_pod_stop_mutation("abc123")
+    with FakeRunPod(tmp_path / "fake", tmp_path / "workspace", []) as fake:
+        sdk = _provider(fake, monkeypatch).api
+        plain = PlainApi(fake.url, fake.api_key)
+        cases: list[tuple[str, str, dict[str, object]]] = [
+            ("myself", "query { myself { id } }", {}),
+            ("429 page", "query { myself { id } }", {"rate_limit_next": 1}),
+            ("502 page", "query { myself { id } }", {"server_error_next": 1}),
+            ("no such pod", terminate_mutation("nope"), {}),
+            ("no such pod", stop_mutation("nope"), {}),
+            ("401", stop_mutation("nope"), {"reject_auth": True}),
+            ("words", stop_mutation("nope"), {"reject_auth": True, "auth_in_errors": True}),
+        ]
+        for case, text, switches in cases:
+            outcomes, asked = [], []
+            for api in (sdk, plain):
+                fake.switches = Switches(**switches)  # type: ignore[arg-type]
+                before = len(fake.requests)
+                try:
+                    outcomes.append(api.query(case, text))
+                except ProviderApiError as err:
+                    outcomes.append((err.kind, err.status, err.exit_code))
+                asked.append(fake.requests[before:])
+            assert outcomes[0] == outcomes[1], case
+            assert asked[0] == asked[1], case
+            assert len(asked[0]) == (2 if "page" in case else 1), case
+        assert outcomes[0] == (ApiErrorKind.KEY_REJECTED, 401, 5)

@@ -1,27 +1,29 @@
-"""The one place ups talks to RunPod: the real ``runpod`` SDK, with backoff and readable
+"""How ups talks to RunPod's API, by either of its two ways, with backoff and readable
 errors.
 
-The SDK (``runpod/api/graphql.py``) posts every call to ``$RUNPOD_API_BASE_URL/graphql``
-(default ``https://api.runpod.io``) with the module's ``runpod.api_key``, which it reads
-from ``~/.runpod/config.toml`` on import; ups sets it from ``RUNPOD_API_KEY`` when that is
-set, and never logs, prints or forwards it. The SDK keeps no HTTP status but 401 (its
-``AuthenticationError``): a GraphQL error arrives as ``QueryError(message)``, any other
-page as ``requests.JSONDecodeError`` whose ``doc`` is the page. :func:`answer_of` turns
-each into a (status, body) pair and :func:`classify` reads the body's words first, so a
-rejected key reads the same whether RunPod says so with a 401 or in words.
+RunPod's API is GraphQL: every call is ``POST {base}/graphql`` with ``{"query": ...}`` and
+``Authorization: Bearer KEY`` (``runpod/api/graphql.py``); the base is the entry's
+``runpod_url``, else ``$RUNPOD_API_BASE_URL``, else ``https://api.runpod.io``. The laptop
+calls it through RunPod's SDK (:mod:`ups.deploy.providers.runpod.sdk`); on the pod, whose
+image carries no SDK (docker/lock.sh), the watchdog's two mutations go through
+:class:`PlainApi`, the standard library making the same request. Either way a call that
+fails becomes an :class:`Answer` (the HTTP status and the body) or :class:`Unreachable`,
+which :meth:`Calls.call` retries or explains in one paragraph: :func:`classify` reads the
+body's words first, so a rejected key reads the same whether RunPod says so with a 401 or
+in words. ups never logs, prints or forwards the key.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
-import logging
 import os
 import re
-import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import requests
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
 
 from ups.backoff import Policy
@@ -109,77 +111,58 @@ def _words(body: object) -> str:
     return str(body or "")[:300]
 
 
-def answer_of(err: BaseException) -> tuple[int | None, object] | None:
-    """``(status, body)`` of an SDK failure that came from an answer; None for one that
-    did not (no connection, a timeout) or is not the API's (a bug)."""
-    from runpod import error
+DEFAULT_SERVER = "https://api.runpod.io"
+"""The SDK's API base when ``RUNPOD_API_BASE_URL`` is not set."""
 
-    if isinstance(err, error.AuthenticationError):
-        return 401, str(err)
-    if isinstance(err, error.QueryError):
-        return None, {"errors": [{"message": str(err)}]}
-    if isinstance(err, requests.JSONDecodeError):
-        page = str(err.doc or "").strip()
-        found = re.search(r"\b([45]\d\d)\b", page)
-        # A page that is not the API's JSON is a gateway's: assume a bad gateway.
-        return (int(found.group(1)) if found else 502), page[:300]
-    if isinstance(err, KeyError | TypeError):  # a JSON answer without "data" (SDK indexes it)
-        return 502, f"an answer without data ({type(err).__name__}: {err})"
-    return None
+
+class Answer(Exception):
+    """RunPod answered, but not with the data asked for: ``status`` (None for GraphQL
+    ``errors`` in an answer, which the SDK reports without its status) and the body."""
+
+    def __init__(self, status: int | None, body: object) -> None:
+        super().__init__(f"HTTP {status}: {_words(body)}")
+        self.status = status
+        self.body = body
+
+
+class Unreachable(Exception):
+    """No answer from RunPod at all: the connection failed or timed out."""
 
 
 def _status_for_retry(err: BaseException) -> int | bool | None:
     """The status ``ups.retry.API_RETRY`` judges ``err`` by; False: never retried."""
-    if isinstance(err, requests.ConnectionError | requests.Timeout):
+    if isinstance(err, Unreachable):
         return None
-    answer = answer_of(err)
-    if answer is None:
+    if not isinstance(err, Answer):
         return False
-    status, body = answer
-    kind = classify(status, body)
+    kind = classify(err.status, err.body)
     if kind is ApiErrorKind.RATE_LIMITED:
         return 429
     if kind is ApiErrorKind.SERVER_ERROR:
-        return status if status is not None and status >= 500 else 500
+        return err.status if err.status is not None and err.status >= 500 else 500
     return False
 
 
-_SDK_LOCK = threading.Lock()
+class Calls:
+    """Retried calls on RunPod's API, whichever way they are made: what fails is retried as
+    ``ups.retry.API_RETRY`` says for the call's kind (RUNPOD_DESTROY's backoff for
+    ``destroy``, else RUNPOD_API's), for at most ``UPS_RUNPOD_RETRY_S``, and what still
+    fails is one paragraph (:func:`~ups.deploy.providers.base.api_error`)."""
 
-
-def import_sdk() -> Any:
-    """``runpod``, imported without its side effect on logging: ``runpod.serverless``
-    calls ``logging.basicConfig(level=INFO)`` on import, which would print every
-    library's INFO lines through ups's console."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    with _SDK_LOCK:
-        import runpod
-
-        root.handlers[:] = handlers
-        root.setLevel(level)
-    return runpod
-
-
-class RunPodApi:
-    """Typed, retried calls on the ``runpod`` SDK; returns the API's JSON as dicts."""
-
-    def __init__(self, server_url: str | None = None, api_key: str | None = None) -> None:
-        self.sdk: Any = import_sdk()
+    def __init__(self, server_url: str | None, key: str) -> None:
         self.server_url = server_url
-        if server_url:
-            # The SDK reads its API base from the environment at each call (there is no
-            # setting of its own): the entry's runpod_url (a FAKE in the tests).
-            os.environ["RUNPOD_API_BASE_URL"] = server_url.rstrip("/")
+        self.key = key
         self.retry_s = float(os.environ.get(ACCOUNT.retry_env, "120"))
-        key = api_key or os.environ.get("RUNPOD_API_KEY") or self.sdk.api_key
-        if not key:
-            raise api_error(ACCOUNT, ApiErrorKind.KEY_MISSING, "use the RunPod API")
-        self._key: str = key
+
+    @property
+    def server(self) -> str:
+        """The API base every call of this client goes to (no trailing slash)."""
+        base = self.server_url or os.environ.get("RUNPOD_API_BASE_URL") or DEFAULT_SERVER
+        return base.rstrip("/")
 
     def call(self, what: str, fn: Callable[[], T], kind: str = "default") -> T:
-        """Run one SDK call; retry what ``ups.retry.API_RETRY`` says for ``kind``, explain
-        the rest in one paragraph (:func:`~ups.deploy.providers.base.api_error`)."""
+        """Run ``fn``, which raises :class:`Answer` or :class:`Unreachable` when the call
+        fails; retry it or explain it, in one paragraph naming ``what`` was tried."""
 
         def retryable(err: BaseException) -> bool:
             status = _status_for_retry(err)
@@ -192,39 +175,76 @@ class RunPodApi:
             stop=stop_after_delay(self.retry_s),
             reraise=True,
         )
-        # The SDK's create/stop/resume/terminate take no key of their own: its module's.
-        self.sdk.api_key = self._key
         try:
             return retrying(fn)
-        except (requests.ConnectionError, requests.Timeout) as err:
+        except Unreachable as err:
             raise api_error(
                 ACCOUNT, ApiErrorKind.UNREACHABLE, what,
-                detail=f"{type(err).__name__} at {self._server()}", retried_s=self.retry_s,
+                detail=f"{err} at {self.server}", retried_s=self.retry_s,
             ) from None  # fmt: skip
-        except Exception as err:
-            answer = answer_of(err)
-            if answer is None:
-                raise
-            status, body = answer
-            kind_of = classify(status, body)
+        except Answer as err:
+            kind_of = classify(err.status, err.body)
             raise api_error(
-                ACCOUNT, kind_of, what, status=_STATUS.get(kind_of, status),
-                detail=_words(body).rstrip("."), retried_s=self.retry_s,
+                ACCOUNT, kind_of, what, status=_STATUS.get(kind_of, err.status),
+                detail=_words(err.body).rstrip("."), retried_s=self.retry_s,
             ) from None  # fmt: skip
 
-    def _server(self) -> str:
-        return self.server_url or os.environ.get("RUNPOD_API_BASE_URL", "https://api.runpod.io")
+
+USER_AGENT = "ups (RunPod pod watchdog; Python urllib)"
+"""Not urllib's own ``Python-urllib/3.x``, which gateways in front of APIs often refuse."""
+
+
+class PlainApi(Calls):
+    """RunPod's API with the standard library only: what the pod's watchdog uses, in an
+    image without the SDK. Each call is the request the SDK makes (``run_graphql_query``):
+    the same endpoint, headers, body and 30 s timeout."""
 
     def query(self, what: str, text: str, kind: str = "default") -> dict[str, Any]:
-        """A GraphQL query or mutation the SDK has no function for, through its own client
-        (``runpod.api.graphql.run_graphql_query``); the answer's ``data``."""
-        from runpod.api.graphql import run_graphql_query
+        """A GraphQL query or mutation; the answer's ``data``."""
+        return self.call(what, lambda: self._post(text), kind)
 
-        def run() -> dict[str, Any]:
-            data: dict[str, Any] = run_graphql_query(text)["data"]
-            return data
+    def _post(self, text: str) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"{self.server}/graphql",
+            data=json.dumps({"query": text}).encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": USER_AGENT,
+                "Authorization": f"Bearer {self.key}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, page = int(response.status), response.read()
+        except urllib.error.HTTPError as err:  # an answer: 4xx, 5xx
+            status, page = err.code, err.read()
+        except (OSError, http.client.HTTPException) as err:  # URLError is an OSError
+            reason = getattr(err, "reason", err)  # URLError's: the socket's error
+            said = type(reason).__name__ if isinstance(reason, BaseException) else str(reason)
+            raise Unreachable(said) from None
+        return data_of(status, page.decode(errors="replace"))
 
-        return self.call(what, run, kind)
+
+def data_of(status: int, page: str) -> dict[str, Any]:
+    """The ``data`` of RunPod's answer ``page`` with HTTP ``status``, or the
+    :class:`Answer` the SDK's failure for it would become (``sdk.answer_of``): a 401 first,
+    then a page that is not JSON (a gateway's or the rate limiter's), GraphQL ``errors``,
+    no ``data``."""
+    if status == 401:
+        raise Answer(401, page.strip()[:300])
+    try:
+        body = json.loads(page)
+    except ValueError:
+        raise Answer(status if status >= 400 else 502, page.strip()[:300]) from None
+    if not isinstance(body, dict):
+        raise Answer(502, f"an answer that is not a JSON object: {page.strip()[:200]}")
+    if "errors" in body:
+        raise Answer(status if status >= 400 else None, body)
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise Answer(502, f"an answer without data (HTTP {status})")
+    return data
 
 
 def _wait(policy: Policy) -> Callable[[RetryCallState], float]:

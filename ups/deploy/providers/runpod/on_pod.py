@@ -5,6 +5,11 @@ to only the pod" (RunPod's pod environment variables): enough to stop or termina
 pod and nothing else. A scoped key the user sent (``watchdog_key_file``) is used instead
 when there is one. A key that may not terminate makes the pod stop instead, which ends
 GPU billing (its volume still bills).
+
+The image has no RunPod SDK (docker/lock.sh): the two mutations go through
+:class:`~ups.deploy.providers.runpod.client.PlainApi`, in the SDK's own words
+(``runpod/api/mutations/pods.py``), with the same retries and error paragraphs as the SDK's
+calls on the laptop.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import os
 
 from ups.deploy.providers.base import ApiErrorKind, ProviderApiError
-from ups.deploy.providers.runpod.client import RunPodApi
+from ups.deploy.providers.runpod.client import PlainApi, graphql_string
 
 
 class OnPod:
@@ -33,13 +38,34 @@ class OnPod:
                 "environment (RunPod sets both in every pod)",
                 kind=ApiErrorKind.KEY_MISSING,
             )
-        api = RunPodApi(self.endpoint, api_key=self.key)
+        api = PlainApi(self.endpoint, self.key)
         if action == "destroy":
             try:
-                api.call(f"terminate pod {pod}", lambda: api.sdk.terminate_pod(pod), kind="destroy")
+                api.query(f"terminate pod {pod}", terminate_mutation(pod), kind="destroy")
                 return
             except ProviderApiError as err:
                 if err.kind is not ApiErrorKind.KEY_REJECTED:
                     raise
         if action in ("destroy", "stop"):
-            api.call(f"stop pod {pod}", lambda: api.sdk.stop_pod(pod))
+            api.query(f"stop pod {pod}", stop_mutation(pod))
+
+
+def terminate_mutation(pod_id: str) -> str:
+    """The SDK's ``terminate_pod`` mutation (``generate_pod_terminate_mutation``)."""
+    return f"""
+    mutation {{
+        podTerminate(input: {{ podId: "{graphql_string(pod_id)}" }})
+    }}
+    """
+
+
+def stop_mutation(pod_id: str) -> str:
+    """The SDK's ``stop_pod`` mutation (``generate_pod_stop_mutation``)."""
+    return f"""
+    mutation {{
+        podStop(input: {{ podId: "{graphql_string(pod_id)}" }}) {{
+            id
+            desiredStatus
+        }}
+    }}
+    """

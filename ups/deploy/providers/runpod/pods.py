@@ -15,7 +15,8 @@ RunPod's API does not say who stopped a spot pod; ups stops one only at the end 
 The pod runs one command (``dockerArgs``): :func:`start_command` makes it put the
 account's SSH keys (RunPod's ``PUBLIC_KEY``) where sshd reads them, start sshd if the
 image did not, run ups's boot script (the watchdog) and stay up as the container's PID 1,
-passing the SIGTERM a stop (or a spot interruption) sends it on to every process. It
+passing the SIGTERM a stop (or a spot interruption) sends it on to every process; its
+trap comes first, so a stop at any moment of the pod's start is passed on too. It
 travels base64-coded: the SDK puts it between double quotes in its GraphQL query as it is.
 """
 
@@ -77,18 +78,29 @@ def ssh_address(pod: dict[str, Any]) -> tuple[str | None, int | None]:
     return None, None
 
 
+PASS_ON_TERM = (
+    "kill -TERM -1 2>/dev/null; while kill -0 -1 2>/dev/null; do sleep 0.1; done; exit 143"
+)
+"""PID 1's SIGTERM handler: SIGTERM to every other process of the pod, wait for them all."""
+
+
 def start_command(onstart: str) -> str:
     """The pod's command (``dockerArgs``): keys, sshd, ups's boot script, then stay up."""
     script = "\n".join(
         [
+            # PID 1 of the container: RunPod's SIGTERM before a stop (5 s before SIGKILL
+            # on a spot pod) reaches every process, so `ups launch` checkpoints; PID 1 then
+            # stays until every other process of the pod has ended (its own children are
+            # not all of them: the watchdog and the run are detached), since the pod ends,
+            # and the kernel kills what is left, when PID 1 exits. Set first: the kernel
+            # drops a signal to a PID namespace's init that has no handler, so a stop
+            # before this line would warn nothing the pod has started.
+            f"trap '{PASS_ON_TERM}' TERM",
             "mkdir -p ~/.ssh && chmod 700 ~/.ssh",
             "printf '%s\\n' \"${PUBLIC_KEY:-}\" >> ~/.ssh/authorized_keys",
             "chmod 600 ~/.ssh/authorized_keys",
             "pgrep -x sshd > /dev/null || service ssh start || /usr/sbin/sshd",
             onstart.rstrip("\n"),
-            # PID 1 of the container: RunPod's SIGTERM before a stop (5 s before SIGKILL
-            # on a spot pod) reaches every process, so `ups launch` checkpoints.
-            "trap 'kill -TERM -1 2>/dev/null; wait' TERM",
             "sleep infinity & wait",
             "",
         ]

@@ -26,9 +26,10 @@ from ups.deploy.providers.base import (
     parse_label,
 )
 from ups.deploy.providers.runpod import client, offers
-from ups.deploy.providers.runpod.client import ACCOUNT, RunPodApi, graphql_string
+from ups.deploy.providers.runpod.client import ACCOUNT, graphql_string
 from ups.deploy.providers.runpod.entry import RunPodHost
 from ups.deploy.providers.runpod.pods import PROVIDER, instance_of, start_command
+from ups.deploy.providers.runpod.sdk import RunPodApi
 
 PORTS = "22/tcp"
 
