@@ -80,6 +80,8 @@ INTERNAL = {
     "_Stopped": "internal to ups launch's signal handling",
     "LeaseLost": "a SystemExit whose line is said when the loss is found (lease.py)",
     "OfferTaken": "the next offer is taken; only 'no offer' reaches the user",
+    "Answer": "RunPod's answer to one call, turned into the one api_error paragraph (client.py)",
+    "Unreachable": "no answer from RunPod, turned into the one api_error paragraph (client.py)",
 }
 INTERNAL_SITES = {
     # (path, key prefix): an invariant of ups's own code, never a user's mistake
