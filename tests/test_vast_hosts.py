@@ -72,23 +72,27 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
     """The cheapest machine fails preflight (/dev/shm 64 MiB) and is slow (its processes run
-    15% of the time: the real burn-in's step figure is below its floor), the next
+    8% of the time: the real burn-in's step figure is below its floor), the next
     one's container shows the NVML driver error: both are destroyed and recorded, the third
     offer trains the run to the end. The next deploy's search leaves both machines out;
     `ups hosts` and `fab instances --ledger` name them, with the figures of both machines
     measured. Ranked by measured $ per sample, the cheapest-per-hour machine comes last."""
     fake_vast.offers.append({**fake_vast.offers[0], **THIRD})
     fake_vast.host_faults.small_shm.add(1020)  # offer 102, the cheapest
-    fake_vast.host_faults.slow[1020] = 0.15
+    # A share and a floor with room on both sides for the machine's load changing between
+    # the known-good measurement and the deploy (here 2-core CI runs 4 tests at once): the
+    # throttled machine fails and the normal one passes while their speed is 0.3-3.7x of
+    # what `known` measured.
+    fake_vast.host_faults.slow[1020] = 0.08
     fake_vast.host_faults.status_msg[1010] = NVML  # offer 101
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml",
                              setup=f"mkdir -p data && ln -sfn {demo_data} data/demo")  # fmt: skip
     config = demo_config(tmp_path / "demo.yaml", max_steps=4)
     # Known-good: this machine, unthrottled. A fake instance is this machine: a normal one
-    # measures about 1.0 of it, the throttled one about 0.3; the floor sits between.
+    # measures about 1.0 of it, the throttled one about 0.1; the floor sits between.
     known = _step_here(config, demo_data)
     config = demo_config(tmp_path / "demo.yaml", max_steps=4, extra={
-        "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.5}})  # fmt: skip
+        "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.3}})  # fmt: skip
     started = time.monotonic()
     result = _deploy(tmp_path, fake_vast, hosts, config, "--run", "bad-hosts")
     wall = time.monotonic() - started
@@ -97,9 +101,9 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     slow = re.search(
         r"machine 1020 \(offer 102\) failed: preflight failed there \(shm, step\): training "
         r"steps ([\d.]+) samples/s, ([\d.]+) of the configured known-good [\d.]+ \(below the "
-        r"floor 0.5\)", out,
+        r"floor 0.3\)", out,
     )  # fmt: skip
-    assert slow, out[-6000:]
+    assert slow, "\n".join(line for line in out.splitlines() if "1020" in line) or out[-6000:]
     assert "machine 1010 (offer 101) failed: the machine's NVIDIA driver" in out
     assert NVML in out
     assert "trying the next offer (3/3): offer 105" in out
@@ -118,7 +122,7 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     assert sorted(measured) == ["1020", "1050"], measured
     assert not measured["1020"]["passed"] and measured["1050"]["passed"]
     fast, slow_step = measured["1050"]["figures"]["step"], measured["1020"]["figures"]["step"]
-    assert slow_step < 0.5 * known <= fast, (slow_step, known, fast)
+    assert slow_step < 0.3 * known <= fast, (slow_step, known, fast)
     # This CPU is a model with no known-good matmul: measured and recorded, no floor.
     assert measured["1050"]["figures"]["matmul"] > 0
     assert "matmul" not in measured["1050"]["known_good"]
