@@ -1,5 +1,6 @@
 """A run that never stops training: when its provider has no offer under the cap any more,
-the same run continues on the next provider its entry lists, from the bucket. FAKE Vast
+the same run continues on the next provider its entry lists, from the bucket; a spot pod
+there interrupted, it continues on that provider's next pod. FAKE Vast
 and FAKE RunPod (each driven through its real SDK, with real instances and pods), a real
 S3 server (rclone), real `ups launch`."""
 
