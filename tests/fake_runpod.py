@@ -15,7 +15,8 @@ disk (``HOME``) does not. An interruptible pod preempted gets SIGTERM, 5 s (RunP
 warning), SIGKILL, and stays listed EXITED with its volume billed.
 
 Faults a test switches on (:class:`Switches`): a rejected key (HTTP 401, or the API's
-words in a 200 answer), 429s, 5xx gateway pages, no capacity at create.
+words in a 200 answer), 429s, 5xx gateway pages, no capacity at create; and files put on a
+pod's volume before it boots (:attr:`FakeRunPod.disk_seeds`: a run's ``UPS_FAULTS``).
 """
 
 from __future__ import annotations
@@ -220,6 +221,8 @@ class FakePod:
     last_change: str = ""
     billed_s: dict[str, float] = field(default_factory=lambda: {"running": 0.0, "stopped": 0.0})
     preempted: bool = False
+    seed: dict[str, str] = field(default_factory=dict)
+    """Files put on its volume before it boots (:attr:`FakeRunPod.disk_seeds`)."""
     _since: float = field(default_factory=time.monotonic)
 
     @property
@@ -294,6 +297,9 @@ class FakeRunPod:
         self.preempt_warning_s = PREEMPT_WARNING_S
         self.pods: dict[str, FakePod] = {}
         self.terminated: dict[str, FakePod] = {}
+        self.disk_seeds: list[dict[str, str]] = []
+        """Per created pod, in creation order: files put on its volume before boot (test
+        fault switches, as :attr:`tests.fake_vast.FakeVast.disk_seeds`)."""
         self.queries: list[str] = []
         """The operation (first field) of every query answered, in order."""
         self.requests: list[dict[str, Any]] = []
@@ -410,6 +416,7 @@ class FakeRunPod:
             last_change=f"Rented by User: {time.ctime()}",
         )  # fmt: skip
         with self.lock:
+            pod.seed = self.disk_seeds.pop(0) if self.disk_seeds else {}
             self.pods[pod.id] = pod
         if boot:
             threading.Thread(target=self._boot, args=(pod,), daemon=True).start()
@@ -465,7 +472,7 @@ class FakeRunPod:
         # The image starts its sshd (as RunPod's templates do), then runs the pod's command.
         # The pod's command becomes its PID 1, as a container's CMD does.
         start = '{sshd}; eval "exec $DOCKER_ARGS" > "$START_LOG" 2>&1 < /dev/null'
-        pod.machine.boot(env, start, port=pod.machine.port)
+        pod.machine.boot(env, start, port=pod.machine.port, seed=pod.seed)
         pod.tick()
         pod.running = True
 

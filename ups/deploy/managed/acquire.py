@@ -31,7 +31,9 @@ from ups.deploy.managed.ranking import on_machine
 from ups.deploy.providers import (
     Move,
     NoOffer,
+    Offer,
     OfferTaken,
+    Provider,
     RecoveryPolicy,
     Situation,
     Trigger,
@@ -56,11 +58,20 @@ class Where:
     policy: RecoveryPolicy
     on_move: OnMove
     offers: set[tuple[str, str]] = field(default_factory=set)
-    """(provider, offer id) not to take again: lost instances, tried offers."""
+    """(provider, offer id) not to take again: taken, on a bad host, or one machine that
+    lost the run (:meth:`lost`)."""
     machines: set[tuple[str, str]] = field(default_factory=set)
     """(provider, machine id) that failed in this deploy."""
     without_offer: set[str] = field(default_factory=set)
     """Entries whose last search found nothing under the cap."""
+
+    def lost(self, offer: Offer, provider: Provider) -> None:
+        """An instance rented from ``offer`` was lost (taken back, gone, unreachable). Where
+        the provider's offers name their machine, the offer is that machine: it is left out
+        of later searches. Where the provider picks a machine at every create (an offer is
+        a GPU type at a count), the same offer rents another machine: it stays."""
+        if provider.capabilities.machine_identity:
+            self.offers.add((offer.provider, offer.id))
 
     def offers_of(self, provider: str) -> Collection[str]:
         return {o for p, o in self.offers if p == provider}
@@ -137,11 +148,11 @@ def rent(lc: Lifecycle, use: Callable[[str], T], where: Where, ledger: Ledger | 
     any_bad = False
     while True:
         offer = lc.plan.offer
-        where.offers.add((offer.provider, offer.id))
         started = time.monotonic()
         try:
             instance_id = lc.create()
         except OfferTaken as err:
+            where.offers.add((offer.provider, offer.id))
             tried.append(f"offer {offer.id}: taken by someone else before the create")
             lc.say(f"offer {offer.id}: {err}")
             here += 1
@@ -151,6 +162,7 @@ def rent(lc: Lifecycle, use: Callable[[str], T], where: Where, ledger: Ledger | 
                 return use(instance_id)
             except HostFault as fault:
                 _bad_host(lc, ledger, instance_id, fault)
+                where.offers.add((offer.provider, offer.id))
                 if offer.machine_id is not None:
                     where.machines.add((offer.provider, offer.machine_id))
                 spent = time.monotonic() - started

@@ -480,8 +480,7 @@ class Keeper:
         self.end_lost(leg.instance_id, reason)
         spent = sum(r.cost() for r in self.sup.state.instances if r.instance_id == leg.instance_id)
         self.say(f"instance {leg.instance_id} lost: {reason} (about ${spent:.4f} spent on it)")
-        offer = self.lc.plan.offer
-        self.where.offers.add((offer.provider, offer.id))
+        self.where.lost(self.lc.plan.offer, self.lc.provider)
         self.count(reason, leg.instance_id)
         self.pending = self.points.after_loss(reason, leg.instance_id, detected)
         move_on(self.lc, self.where, Trigger.LOST, reason, 1)
