@@ -184,3 +184,30 @@ def test_failover_entries_are_checked_where_they_are_read(tmp_path: Any) -> None
         entries_of(spec, str(path))  # type: ignore[arg-type]
     spec, _ = get_host("a", path)
     assert [e.name for e in entries_of(spec, str(path))] == ["a", "c"]  # type: ignore[arg-type]
+
+
+def test_a_lost_instance_leaves_its_offer_out_only_where_the_offer_is_a_machine() -> None:
+    """Vast's offer is one machine: after its instance was lost (outbid) the next search
+    leaves it out. RunPod's offer is a GPU type at a count (RunPod picks the machine at each
+    create): it stays, or a preempted spot pod could never be replaced on RunPod (the run
+    ended with exit 6, 'all were excluded', before the fix)."""
+    from types import SimpleNamespace
+
+    from ups.deploy.managed.acquire import Where
+    from ups.deploy.providers import Capabilities
+
+    def provider(machine_identity: bool) -> Any:
+        caps = Capabilities(interruptible=True, stop_resume=True, labels=True,
+                            self_destruct=True, machine_identity=machine_identity)  # fmt: skip
+        return SimpleNamespace(capabilities=caps)
+
+    market: Any = None  # not searched here
+    where = Where(market=market, policy=NextOffer({}), on_move=lambda *_: None)
+    machine = Offer(id="101", provider="vast", gpu_name="RTX 4090", num_gpus=1, gpu_ram_gb=24.0,
+                    price_per_hour=0.4, region="NO", machine_id="1010")  # fmt: skip
+    gpu_type = Offer(id="NVIDIA GeForce RTX 4090|1", provider="runpod", gpu_name="RTX 4090",
+                     num_gpus=1, gpu_ram_gb=24.0, price_per_hour=0.7, region="ALL")  # fmt: skip
+    where.lost(machine, provider(machine_identity=True))
+    where.lost(gpu_type, provider(machine_identity=False))
+    assert where.offers_of("vast") == {"101"}
+    assert where.offers_of("runpod") == set()
