@@ -342,3 +342,37 @@ def test_ctrl_c_before_the_run_starts_is_one_line_not_a_traceback(
     assert code == 130
     assert capsys.readouterr().err == "ups launch: stopped by Ctrl-C before anything started\n"
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("ended", ["preempted", "failed"])
+def test_a_signal_during_the_wrap_up_keeps_how_the_run_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ended: str
+) -> None:
+    """A SIGTERM that reaches `ups launch` after its run ended preempted (seen in a 2-node
+    Slurm job: srun ends the step on the other node's exit 75 while this node still wraps
+    up) keeps that outcome and its exit code 75: the run was not failed by the signal. An
+    attempt with no whole ending (here: failed only later) becomes failed, 143."""
+    import signal
+
+    import ups.launch.execute as execute
+
+    plan = _plan(tmp_path, run_id="r1")
+    run_dir = Path(plan.run_dir)
+
+    def ran_then_stopped(*_args: object) -> int:
+        if ended == "preempted":
+            write_outcome(run_dir, Outcome(run_id="r1", outcome="preempted", exit_code=75,
+                                           reason="stopped at step 4", world_size=2))  # fmt: skip
+        raise execute._Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(execute, "_gate_and_run", ran_then_stopped)
+    monkeypatch.setattr(execute, "sweep", lambda: None)
+    code = execute.execute(plan, None, gpu_count=0, console=io.StringIO(), render=False)
+    outcome = read_outcome(run_dir)
+    assert outcome is not None
+    if ended == "preempted":
+        assert (code, outcome.outcome, outcome.exit_code) == (75, "preempted", 75)
+        log = (run_dir / "logs" / "launch.log").read_text()
+        assert "SIGTERM arrived while ups launch wrapped up the run" in log
+    else:
+        assert (code, outcome.outcome, outcome.cause) == (143, "failed", "stopped")

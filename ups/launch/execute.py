@@ -39,7 +39,7 @@ from ups.launch.scriptrun import newest, resumed_from, with_resume
 from ups.launch.tee import LineTee
 from ups.launch.torchrun import TorchrunResult, handling_stop_signals, run_torchrun
 from ups.log import get_logger, setup_logging
-from ups.outcome import EXIT_FAILED, Outcome
+from ups.outcome import EXIT_FAILED, Outcome, read_outcome
 from ups.retry import resume_hint, retry_verdict
 from ups.rundir import LAUNCH_PID, mark_latest, newest_checkpoint, record_launch
 
@@ -131,6 +131,18 @@ def execute(
             with _stop_on_signals():  # between the phases that handle signals themselves
                 return _gate_and_run(plan, cfg, gpu_count, tee, continued)
         except _Stopped as stop:
+            ended = read_outcome(run_dir)  # this attempt's: the one before was set aside
+            if ended is not None and ended.outcome in ("preempted", "finished"):
+                # The run had ended (a stop asked of it already: Slurm's srun ends a step on
+                # another node's 75; a second Ctrl-C): how it ended stands, not the signal.
+                log.warning(
+                    "wrap_up_stopped",
+                    text=f"{stop} arrived while ups launch wrapped up the run, which had "
+                    f"already ended {ended.outcome} (exit {ended.exit_code}): that stands",
+                    signal=str(stop),
+                )
+                _report_end(ended, plan, ended.exit_code)
+                return ended.exit_code
             reason = f"ups launch was stopped by {stop} while it wrapped up the run"
             return _fail(plan, reason, 128 + stop.signum, cause="stopped", phase="launch")
         finally:
