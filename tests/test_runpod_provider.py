@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.deploy_fixtures import FAB, REPO
 from tests.fake_runpod import CLIENT_KEY, FakeRunPod, Switches, fake_runpod, runpod_entry
 from ups.deploy.providers.base import (
     ApiErrorKind,
@@ -211,3 +213,35 @@ def test_the_pods_plain_requests_are_the_sdks(
             assert asked[0] == asked[1], case
             assert len(asked[0]) == (2 if "page" in case else 1), case
         assert outcomes[0] == (ApiErrorKind.KEY_REJECTED, 401, 5)
+
+
+@pytest.mark.slow
+@pytest.mark.ssh
+def test_fab_instances_and_down_cover_a_runpod_entry(
+    fake_runpod: FakeRunPod, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`fab instances --host rp` lists the pod ups rented for the entry, with its run;
+    `fab down --host rp` terminates it: the same provider-neutral tasks as for Vast, on
+    an entry of kind runpod."""
+    fake = fake_runpod
+    provider = _provider(fake, monkeypatch)
+    (offer,) = provider.search(OfferRequirements(gpu_names=("RTX 4090",), num_gpus=2))
+    ask = CreateRequest(run_id="r1", host="rp", epoch=1, image="img", disk_gb=20,
+                        onstart="true", env={})  # fmt: skip
+    pod = provider.create(offer, ask)
+    _wait(provider, pod, InstanceState.RUNNING)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": {"rp": runpod_entry(fake)}}))
+    env = {**os.environ, "RUNPOD_API_KEY": fake.api_key, "UPS_RUNPOD_RETRY_S": "20"}
+
+    def fab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(FAB), "-r", str(REPO), *args, "--hosts-file", str(hosts)],
+                              capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+
+    listed = fab("instances", "--host", "rp")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert pod in listed.stdout and "r1" in listed.stdout, listed.stdout
+    down = fab("down", "--host", "rp")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert pod in down.stdout, down.stdout
+    assert fake.live() == [] and pod in fake.terminated
