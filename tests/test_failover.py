@@ -18,11 +18,11 @@ import pytest
 import torch
 import yaml
 
-from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, demo_reference
 from tests.fake_runpod import FakeRunPod, fake_runpod, runpod_entry
 from tests.fake_vast import FakeVast, fab_env, fake_vast, vast_entry
 from tests.s3_server import S3Server, s3_server
-from tests.test_vast_recovery import _final_model, _uninterrupted_run
+from tests.test_vast_recovery import _final_model
 from ups.bucket import Bucket, committed_checkpoints
 from ups.deploy.managed.watch import RECOVERY_EVENT
 
@@ -144,7 +144,7 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
     on_next_pod = _first_step_after(events, 2)
     assert (on_next_pod["event"], on_next_pod["step"]) == ("resumed", lost_pod["resume_step"])
 
-    ref = _uninterrupted_run(tmp_path_factory, config, demo_data)
+    ref = demo_reference(tmp_path_factory, config, demo_data)
     mine, theirs = _final_model(tmp_path / "runs" / "failover"), _final_model(ref)
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
     print(

@@ -11,7 +11,6 @@ that step has been synced into the local run directory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -21,12 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from tests.conftest import worker_env
-from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, made_once_per_run
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
-from tests.launch_helpers import launch_cmd
 from tests.s3_server import S3Server, s3_server
 from ups.bucket import Bucket
 from ups.deploy.managed.watch import RECOVERY_EVENT, LocalLog
@@ -45,26 +42,6 @@ def _hosts(fake: FakeVast, tmp_path: Path, data: Path, **entry: object) -> Path:
         fake, tmp_path / "hosts.yaml", setup=f"mkdir -p data && ln -sfn {data} data/demo",
         remote_env=faults, **{**FAST, **entry},
     )  # fmt: skip
-
-
-def _uninterrupted_run(factory: pytest.TempPathFactory, config: Path, demo_data: Path) -> Path:
-    """The same run uninterrupted, with `ups launch` here: its run directory. Made once per
-    test run for each config and shared by every test that compares with it (the master
-    port aside, which does not change what is computed)."""
-    cfg = yaml.safe_load(config.read_text())
-    del cfg["distributed"]["master_port"]
-    key = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
-
-    def launch(ref: Path) -> None:
-        (ref / "data").mkdir()
-        (ref / "data" / "demo").symlink_to(demo_data)
-        done = subprocess.run(
-            launch_cmd(str(config), "--run-id", "ref", "--skip-preflight"), cwd=ref,
-            env=worker_env(), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-2000:]
-
-    return made_once_per_run(factory, f"uninterrupted-{key}", launch) / "runs" / "ref"
 
 
 def _deploy(

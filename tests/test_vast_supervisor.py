@@ -24,10 +24,10 @@ import psutil
 import pytest
 import torch
 
-from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data
+from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, demo_reference
 from tests.fake_vast import FakeVast, fab_env, fake_vast
 from tests.s3_server import S3Server, s3_server
-from tests.test_vast_recovery import _events, _final_model, _hosts, _uninterrupted_run
+from tests.test_vast_recovery import _events, _final_model, _hosts
 from ups.bucket import Bucket, committed_checkpoints
 from ups.deploy.managed import lease
 from ups.deploy.managed.lease import EXIT_SUPERVISED
@@ -332,5 +332,5 @@ def _same_weights_as_uninterrupted(
     run_dir: Path, factory: pytest.TempPathFactory, config: Path, demo_data: Path
 ) -> None:
     mine = _final_model(run_dir)
-    theirs = _final_model(_uninterrupted_run(factory, config, demo_data))
+    theirs = _final_model(demo_reference(factory, config, demo_data))
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs)
