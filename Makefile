@@ -4,6 +4,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# uv, as pinned in pyproject.toml's dev extras (one place for its version).
+UV_VERSION = $(shell sed -n 's/^ *"uv==\([0-9.]*\)",.*/\1/p' pyproject.toml)
 
 .PHONY: venv demo try-deploy test test-fast test-durations lint bench clean docs docs-check
 
@@ -11,9 +13,15 @@ $(STAMP): pyproject.toml
 	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
 	test -x $(BIN)/pip || $(PY) -m venv --clear $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first and exactly, so the CPU build is what satisfies the range below.
+	# torch first and exactly, so the CPU build is what satisfies the range below (pip: it
+	# reads this machine's pip config, which may point at a local wheel).
 	$(BIN)/pip install --quiet "torch==2.13.0"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	# The rest with uv (pinned in the dev extras): the same resolution as pip, much faster
+	# (the dev extras: about 80 s with pip, under 15 s with uv, on 2 cores). Bytecode is
+	# compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set, every process
+	# would otherwise compile the modules it imports, every time.
+	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[dev]"
 	touch $(STAMP)
 
 venv: $(STAMP)

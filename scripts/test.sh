@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The test command (`make test`): lint, type-check, then every test tier that can run here.
+# The test command (`make test`): every test tier that can run here, with the linters, the
+# type check, the import contract and the strict docs build beside the tests.
 # GPU tests are skipped without CUDA; on a GPU host `pytest -m gpu` runs them. Any other
 # skip fails the run (tests/conftest.py collects skip reasons): a test that did not run is
 # not a pass.
 #
 # Installs run in the background, off the critical path. What the tests need from the
 # system (sshd, the Docker engine and the ups:cpu image, Slurm, a C++ compiler) is started
-# first, as named background jobs, and the venv, the linters and the tests that need none
-# of it run meanwhile. A test waits only for the jobs it needs, by name:
+# first, as named background jobs, and the venv and the tests that need none of it run
+# meanwhile. A test waits only for the jobs it needs, by name:
 #
 #   background NAME [--after OTHER] CMD...   (this script) starts CMD now, or once OTHER
 #       has ended (apt jobs queue behind each other: dpkg takes one at a time); its output
@@ -119,23 +120,25 @@ t=$SECONDS
 make --no-print-directory venv
 phase "venv (.venv, in the foreground)" "$t"
 
-t=$SECONDS
-echo "== ruff"
-$BIN/ruff check .
-echo "== lint coverage (nothing skipped by ruff or mypy)"
-$BIN/python scripts/lint_coverage.py
-echo "== mypy"
-$BIN/mypy
-echo "== import contract (pyproject.toml [tool.importlinter]: imports only go downward)"
-$BIN/lint-imports --no-cache
-phase "lint (ruff, lint coverage, mypy, imports)" "$t"
-
-t=$SECONDS
-echo "== docs site (sphinx -W: a broken link or anchor, a missing page fails; make docs serves it)"
-docs_out=$(mktemp -d)
-$BIN/sphinx-build -W --keep-going -n -q -b html docs "$docs_out"
-rm -rf "$docs_out"
-phase "docs site (sphinx -W)" "$t"
+# The linters and the strict docs build need only the venv: they run beside the tests
+# (about 40 CPU-seconds that no longer hold the tests back) and their verdict comes after
+# pytest's: their output is printed there, and a failure fails the run.
+lint() (
+    set -e
+    echo "== ruff"
+    $BIN/ruff check .
+    echo "== lint coverage (nothing skipped by ruff or mypy)"
+    $BIN/python scripts/lint_coverage.py
+    echo "== mypy"
+    $BIN/mypy
+    echo "== import contract (pyproject.toml [tool.importlinter]: imports only go downward)"
+    $BIN/lint-imports --no-cache
+    echo "== docs site (sphinx -W: a broken link or anchor, a missing page fails; make docs serves it)"
+    docs_out=$(mktemp -d)
+    $BIN/sphinx-build -W --keep-going -n -q -b html docs "$docs_out"
+    rm -rf "$docs_out"
+)
+background lint lint
 
 t=$SECONDS
 echo "== pytest"
@@ -145,4 +148,15 @@ $BIN/pytest -ra -q -n "${UPS_TEST_WORKERS:-4}" --dist loadgroup --no-loadscope-r
 rc=$?
 set -e
 phase "pytest" "$t"
+
+t=$SECONDS
+until [ -e "$UPS_BACKGROUND_DIR/lint.rc" ] || ! kill -0 "$(cat "$UPS_BACKGROUND_DIR/lint.pid")" 2>/dev/null; do
+    sleep 1
+done
+phase "waiting for the linters after pytest" "$t"
+cat "$UPS_BACKGROUND_DIR/lint.log"
+if [ "$(cat "$UPS_BACKGROUND_DIR/lint.rc" 2>/dev/null)" != 0 ]; then
+    echo "== the linters or the docs build failed (their output is above)"
+    [ "$rc" != 0 ] || rc=1
+fi
 exit "$rc"
