@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import PYTHON, REPO, only_run_dir, rank_events, torchrun, worker_env
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    only_run_dir,
+    rank_events,
+    torchrun,
+    uninterrupted_run,
+    worker_env,
+)
 from ups.outcome import EXIT_CONFIG, read_outcome
 from ups.preflight.torchfile import scan_file
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -26,15 +35,30 @@ def _ups(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_cache_build_then_train_on_cached_latents(make_config, tmp_path: Path) -> None:
-    """`ups cache build` writes CPU-only files; a 2-rank run trains on them with frozen encoders."""
+def test_cache_build_then_train_on_cached_latents(
+    make_config, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`ups cache build` takes the encoders of the newest checkpoint of the latest run and
+    writes CPU-only files; a 2-rank run trains on them with frozen encoders."""
     cache_dir = tmp_path / "cache"
+    # The latest run: the shared uninterrupted run of the tiny config (conftest), which
+    # other tests train anyway; only read here.
+    trained = uninterrupted_run(tmp_path_factory, make_config(training={"max_steps": 12}))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "latest").symlink_to(trained)
     cfg = make_config(training={"max_steps": 6}, cache={"dir": str(cache_dir)})
-    assert torchrun(cfg, nproc=1).returncode == 0  # a checkpoint for the encoders
     built = _ups("cache", "build", str(cfg))
     assert built.returncode == 0, built.stderr
     files = sorted(p.name for p in cache_dir.iterdir())
     assert files == ["advection.pt", "darcy.pt", "encoders.pt", "manifest.json"]
+    _, newest = list_checkpoints(trained / "checkpoints")[-1]
+    source = json.loads((cache_dir / "manifest.json").read_text())["source"]
+    assert Path(source).resolve() == newest.resolve(), source
+    encoders = {k.removeprefix("encoders."): v for k, v in load_checkpoint(newest)["model"].items()
+                if k.startswith("encoders.")}  # fmt: skip
+    written = torch.load(cache_dir / "encoders.pt", weights_only=True)
+    assert written.keys() == encoders.keys() and encoders
+    assert all(torch.equal(written[k], encoders[k]) for k in encoders), "not the checkpoint's"
     for path in cache_dir.glob("*.pt"):
         scan = scan_file(path)
         assert scan.error is None and scan.storages and scan.locations == {"cpu"}

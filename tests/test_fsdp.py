@@ -7,16 +7,34 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.conftest import PYTHON, REPO, only_run_dir, parse_events, rank_events, torchrun
+from tests.conftest import (
+    PYTHON,
+    REPO,
+    only_run_dir,
+    parse_events,
+    rank_events,
+    torchrun,
+    uninterrupted_run,
+)
 from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import CheckpointSaveFailed
 from ups.train.export import export_weights
 from ups.train.resume import ResumeRefused, check_resume
 from ups.train.sharded import MANIFEST, latest_good_sharded, list_sharded, save_sharded
+
+STEPS = 8
+
+
+def _composed(strategy: str) -> dict[str, Any]:
+    """``training`` with accumulation and bf16: the bf16 test's two runs, and the config the
+    SIGTERM test preempts and resumes (its reference is the bf16 test's fsdp run)."""
+    return {"max_steps": STEPS, "strategy": strategy, "accum_steps": 2, "precision": "bf16",
+            "batch_size": 4}  # fmt: skip
 
 
 def _events(run_dir: Path, rank: int, name: str) -> list[dict]:
@@ -102,25 +120,28 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
 
 @pytest.mark.slow
 def test_sigterm_sharded_checkpoint_resumes_to_the_uninterrupted_weights(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """SIGTERM at step 5 under fsdp: outcome preempted with a sharded checkpoint; the same
-    command on 1 rank is refused (exit 2, the world size named), on 2 ranks it resumes,
-    and `ups checkpoint export` of both runs gives one weights_only file whose weights
-    equal an uninterrupted fsdp run's exactly."""
-    training = {"max_steps": 10, "strategy": "fsdp"}
-    straight = make_config(training=training, run={"output_dir": str(tmp_path / "a")})
-    assert torchrun(straight).returncode == 0
-    written, _, _ = export_weights(only_run_dir(tmp_path / "a"))  # in process; the CLI below
+    """SIGTERM at step 4 under fsdp (with accumulation and bf16, the options it composes
+    with): outcome preempted with a sharded checkpoint; the same command on 1 rank is
+    refused (exit 2, the world size named), on 2 ranks it resumes, and `ups checkpoint
+    export` of both runs gives one weights_only file whose weights equal an uninterrupted
+    fsdp run's exactly (the run test_fsdp_with_accumulation_and_bf16_matches_ddp checks)."""
+    straight = make_config(training=_composed("fsdp"), run={"output_dir": str(tmp_path / "a")})
+    written, _, _ = export_weights(  # in process; the CLI below
+        uninterrupted_run(tmp_path_factory, straight), tmp_path / "reference.pt"
+    )
     reference = torch.load(written, weights_only=True)
 
-    cfg = make_config(training=training, run={"output_dir": str(tmp_path / "b")})
-    first = torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:5"})
+    cfg = make_config(training=_composed("fsdp"), run={"output_dir": str(tmp_path / "b")})
+    first = torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:4"})
     assert first.returncode != 0
     run_dir = only_run_dir(tmp_path / "b")
     outcome = read_outcome(run_dir)
     assert outcome is not None and outcome.outcome == "preempted"
     assert outcome.exit_code == EXIT_PREEMPTED
+    # torchrun forwards the SIGTERM asynchronously: the stop step is read, not assumed.
+    assert 4 <= outcome.step < STEPS, outcome.step
     assert outcome.checkpoint is not None and outcome.checkpoint.endswith(".dcp")
     assert (Path(outcome.checkpoint) / MANIFEST).is_file()
 
@@ -129,7 +150,8 @@ def test_sigterm_sharded_checkpoint_resumes_to_the_uninterrupted_weights(
     resumed = [e for e in parse_events(second.stdout) if e["event"] == "resumed"]
     assert resumed and resumed[0]["step"] == outcome.step
     final = _export(run_dir)
-    assert (final["strategy"], final["step"]) == ("fsdp", 10) == (reference["strategy"], 10)
+    assert (final["strategy"], final["step"]) == ("fsdp", STEPS)
+    assert (reference["strategy"], reference["step"]) == ("fsdp", STEPS)
     assert final["model"].keys() == reference["model"].keys()
     for name, tensor in reference["model"].items():
         assert torch.equal(final["model"][name], tensor), f"{name} differs after resume"
@@ -214,21 +236,17 @@ def test_resume_refuses_another_strategy_and_an_fsdp_world_size_change() -> None
 
 @pytest.mark.slow
 def test_fsdp_with_accumulation_and_bf16_matches_ddp(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The strategy and the step's other options compose: fsdp with accum_steps 2 and bf16
     autocast trains (the outcome records them) and ends with the same weights as DDP with
-    the same options (both reduce the same flat gradient), up to bf16 rounding."""
+    the same options (both reduce the same flat gradient), up to bf16 rounding. Both are
+    the shared uninterrupted runs of their configs (conftest.uninterrupted_run); the fsdp
+    one is the SIGTERM test's reference."""
     weights = {}
     for strategy in ("ddp", "fsdp"):
-        cfg = make_config(
-            training={"max_steps": 4, "strategy": strategy, "accum_steps": 2,
-                      "precision": "bf16", "batch_size": 4},
-            run={"output_dir": str(tmp_path / strategy)},
-        )  # fmt: skip
-        result = torchrun(cfg)
-        assert result.returncode == 0, result.stderr[-3000:]
-        run_dir = only_run_dir(tmp_path / strategy)
+        cfg = make_config(training=_composed(strategy))
+        run_dir = uninterrupted_run(tmp_path_factory, cfg)
         outcome = read_outcome(run_dir)
         assert outcome is not None and outcome.outcome == "finished", outcome
         assert outcome.training is not None
@@ -238,7 +256,8 @@ def test_fsdp_with_accumulation_and_bf16_matches_ddp(
             "bf16",
             2,
         )
-        written, _, _ = export_weights(run_dir)  # in process: the CLI's is tested above
+        # in process (the CLI's is tested above), written here: the run is shared
+        written, _, _ = export_weights(run_dir, tmp_path / f"{strategy}.pt")
         weights[strategy] = torch.load(written, weights_only=True)["model"]
     assert weights["ddp"].keys() == weights["fsdp"].keys()
     for name, ddp in weights["ddp"].items():

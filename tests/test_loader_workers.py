@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import torchrun
+from tests.conftest import torchrun, uninterrupted_run
 from tests.fault_helpers import events, survivors
 from tests.launch_helpers import events_named, outcome_of, run_launch
 from ups.config import FaultConfig, TaskConfig
@@ -59,17 +59,19 @@ def _cmd(pid: int) -> str:
 
 
 def test_workers_give_the_weights_of_in_process_loading_and_resume_exactly(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Both tasks read by 2 workers per rank, preempted by SIGTERM at step 3 and resumed,
-    end with weights bit-identical to an uninterrupted run that reads in process: the
+    end with weights bit-identical to an uninterrupted run that reads in process (the
+    shared reference of this config without workers, conftest.uninterrupted_run): the
     batches are the same, the preemption checkpoint is written (the SIGTERM torchrun sends
     to each rank's process group does not kill the workers), and no worker is left."""
-    steps = {"max_steps": 8, "epochs": 1}
-    inproc = make_config(run={"run_id": "inproc"}, training={**steps, "num_workers": 0})
-    ref = torchrun(inproc)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    config = make_config(run={"run_id": "workers"}, training={**steps, "num_workers": 2})
+    # max_steps 12 and the default loader (num_workers 0): the config whose uninterrupted
+    # run other tests (test_faults, test_lifecycle_sigkill, ...) compare with too.
+    inproc = make_config(run={"run_id": "inproc"}, training={"max_steps": 12})
+    reference = uninterrupted_run(tmp_path_factory, inproc)
+    assert not _worker_pids(reference, 0), "the reference must read in process"
+    config = make_config(run={"run_id": "workers"}, training={"max_steps": 12, "num_workers": 2})
     first = torchrun(config, env={"UPS_FAULTS": "sigterm@0:3"})
     assert first.returncode != 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "workers"
@@ -78,14 +80,14 @@ def test_workers_give_the_weights_of_in_process_loading_and_resume_exactly(
     # torchrun forwards the SIGTERM asynchronously: under load the ranks may finish step 4
     # before it lands, so the stop step is read, not assumed; the resume must start there.
     stopped_at = outcome_of(run_dir)["step"]
-    assert 3 <= stopped_at < 8, stopped_at
+    assert 3 <= stopped_at < 12, stopped_at
     pids = [_worker_pids(run_dir, rank) for rank in (0, 1)]
     assert [len(p) for p in pids] == [2, 2], pids  # per rank, serving both tasks
     resumed = torchrun(config)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert outcome_of(run_dir)["outcome"] == "finished"
     assert events(run_dir, 0, "resumed")[-1]["step"] == stopped_at
-    want, got = _final_model(tmp_path / "runs" / "inproc"), _final_model(run_dir)
+    want, got = _final_model(reference), _final_model(run_dir)
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert _gone([p for rank in pids for p in rank], str(config)) == []
