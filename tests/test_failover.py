@@ -86,6 +86,7 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
         },
     }))  # fmt: skip
     account = {"credentials": "account"}  # rclone mints no scoped credentials (no STS)
+    # test_vast_supervisor's bucket recovery trains this config too: one reference for both.
     config = demo_config(tmp_path / "demo.yaml", max_steps=30, extra={"checkpoint_sync": account})
     env = fab_env(fake_vast, tmp_path, RUNPOD_API_KEY=fake_runpod.api_key,
                   AWS_ENDPOINT_URL=s3_server.endpoint_url, **s3_server.client_env())  # fmt: skip
