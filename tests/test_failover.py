@@ -110,6 +110,8 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
     assert proc.returncode == 0, out[-5000:] + err[-3000:]
 
     assert "moving run failover from vast to runpod (RunPod): no offer under the cap on vast" in out
+    preflights = [out.count(f"remote preflight on {host}:") for host in ("vast", "runpod")]
+    assert preflights == [1, 2], f"preflight on vast, on runpod: {preflights}"
     assert f"instance {pod.id} lost: outbid" in out
     assert fake_vast.live() == [] and first.id in fake_vast.destroyed
     assert fake_runpod.live() == [] and len(fake_runpod.terminated) == 2
