@@ -86,6 +86,7 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
         },
     }))  # fmt: skip
     account = {"credentials": "account"}  # rclone mints no scoped credentials (no STS)
+    # test_vast_supervisor's bucket recovery trains this config too: one reference for both.
     config = demo_config(tmp_path / "demo.yaml", max_steps=30, extra={"checkpoint_sync": account})
     env = fab_env(fake_vast, tmp_path, RUNPOD_API_KEY=fake_runpod.api_key,
                   AWS_ENDPOINT_URL=s3_server.endpoint_url, **s3_server.client_env())  # fmt: skip
@@ -109,6 +110,8 @@ def test_no_vast_offer_under_the_cap_moves_the_run_to_runpod_from_the_bucket(
     assert proc.returncode == 0, out[-5000:] + err[-3000:]
 
     assert "moving run failover from vast to runpod (RunPod): no offer under the cap on vast" in out
+    preflights = [out.count(f"remote preflight on {host}:") for host in ("vast", "runpod")]
+    assert preflights == [1, 2], f"preflight on vast, on runpod: {preflights}"
     assert f"instance {pod.id} lost: outbid" in out
     assert fake_vast.live() == [] and first.id in fake_vast.destroyed
     assert fake_runpod.live() == [] and len(fake_runpod.terminated) == 2

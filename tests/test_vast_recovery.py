@@ -170,9 +170,10 @@ def test_outbid_script_run_resumes_from_the_bucket_on_a_new_instance_bit_for_bit
 def test_vanished_host_recovers_then_max_recoveries_stops(
     fake_vast: FakeVast, demo_data: Path, tmp_path: Path
 ) -> None:
-    """A host that vanishes from the API with its SSH refusing is replaced; when the
-    replacement vanishes too and max_recoveries (1) is used up, the deploy exits 8 with one
-    paragraph naming the bound and the local checkpoint, and nothing is left billing."""
+    """A host that vanishes from the API with its SSH refusing is replaced: the run has no
+    bucket, so the replacement gets the checkpoint synced home (step 10) and the log. When
+    the replacement vanishes too and max_recoveries (1) is used up, the deploy exits 8 with
+    one paragraph naming the bound and the local checkpoint, and nothing is left billing."""
     fake_vast.offers.append({**fake_vast.offers[0], "id": 105, "machine_id": 1050})
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}, {".faults": "hang@0:15"}]
     hosts = _hosts(fake_vast, tmp_path, demo_data, max_recoveries=1)
@@ -188,10 +189,22 @@ def test_vanished_host_recovers_then_max_recoveries_stops(
         assert proc.poll() is None and time.monotonic() < deadline, "no second instance"
         time.sleep(0.2)  # the deploy creating the replacement
     (second,) = fake_vast.live()
+    # Vanished once the checkpoint synced home and the log are on it (the log goes last).
+    there = second.root / "disk" / "workspace" / "runs" / "vanish"
+    deadline = time.monotonic() + 300
+    while not (there / "logs" / "launch.log").exists() or (
+        (there / "logs" / "launch.log").stat().st_size < log.stat().st_size
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "nothing uploaded"
+        time.sleep(0.2)  # the deploy uploading the checkpoint, then the log
     fake_vast.vanish(second.id)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 8, out[-4000:] + err[-3000:]
     assert f"instance {first.id} lost: vanished from the provider's API" in out
+    assert "recovery 1/1: resuming run vanish from step 10 (" in out, out[-4000:]
+    assert "uploaded checkpoint step 10 and the run's log" in out, out[-4000:]
+    uploaded = (there / "checkpoints" / "step_000010.pt").read_bytes()
+    assert uploaded == (ckpts / "step_000010.pt").read_bytes(), "not the checkpoint synced home"
     assert "max_recoveries 1 is used up" in err and "step 10" in err
     assert "Traceback" not in err
     assert re.search(

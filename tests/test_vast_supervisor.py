@@ -2,8 +2,9 @@
 a second one refuses (the lease); a supervisor killed with SIGKILL is replaced by running
 the same deploy again, which follows the instance still running (no second one) or, when
 the instance was outbid while nothing supervised it, recovers the run on a new instance
-from the checkpoints synced home, or from the run's bucket when this laptop kept none,
-finishing bit-for-bit. FAKE Vast API, real instances, a real S3 gateway on loopback.
+from the run's bucket on another machine that kept nothing of it (that deploy killed in
+turn right after renting, the next one sets the rented instance up), finishing
+bit-for-bit. FAKE Vast API, real instances, a real S3 gateway on loopback.
 
 Each test prints what it measured (seconds from the new supervisor's start to following
 or recovered, steps lost): ``pytest -s`` shows them.
@@ -130,15 +131,16 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     hosts = _hosts(fake_vast, tmp_path, demo_data)
     config = demo_config(tmp_path / "demo.yaml", max_steps=100_000)
     run_dir = tmp_path / "runs" / "again"
-    code, out, err = _done(
-        _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again", "--detach")), 300
-    )
+    # No preflight (test_vast_lifecycle's happy path covers it; the bucket test below runs
+    # it on a fresh and on an adopted instance): every deploy here names the same run.
+    deploy = _deploy_args(hosts, config, "again", "--skip-preflight")
+    code, out, err = _done(_fab(tmp_path, fake_vast, *deploy, "--detach"), 300)
     assert code == 0, out[-3000:] + err[-3000:]
     assert "follows run again in the background" in out
     held = _detached_supervisor(run_dir)
     (inst,) = fake_vast.live()
 
-    code, out, err = _done(_fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again")), 120)
+    code, out, err = _done(_fab(tmp_path, fake_vast, *deploy), 120)
     assert code == EXIT_SUPERVISED, out[-2000:] + err[-2000:]
     assert f"already supervised by the detached supervisor pid {held.pid}" in err
     assert "Traceback" not in err
@@ -151,7 +153,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     _sigkill(held.pid)
     seen = max(e["step"] for e in _events(run_dir / "logs" / "launch.log", "train_step"))
     assert lease.holder(run_dir) is None  # a killed supervisor holds nothing
-    proc = _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "again"))
+    proc = _fab(tmp_path, fake_vast, *deploy)
     lines = _wait_line(proc, "following run again on instance", timeout=240)
     following = _seconds(lines[-1])
     assert f"instance {inst.id} (alive)" in lines[-1]
@@ -178,65 +180,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     print(f"\nMEASURE supervisor restart -> following: {following:.1f} s")
 
 
-def test_outbid_while_unsupervised_recovers_on_the_next_deploy_bit_for_bit(
-    fake_vast: FakeVast, demo_data: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    """Detached; its supervisor SIGKILLed after checkpoint 10 came home; the instance is
-    outbid while nothing supervises the run; the same deploy run again ends the outbid
-    instance and rents another, and is itself SIGKILLed right after that create; run once
-    more, it adopts the new instance, sets it up, resumes from step 10 and finishes: one
-    recovery, two instances, both destroyed, weights equal to an uninterrupted run's."""
-    fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
-    hosts = _hosts(fake_vast, tmp_path, demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
-    run_dir = tmp_path / "runs" / "unsup"
-    code, out, err = _done(
-        _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup", "--detach")), 300
-    )
-    assert code == 0, out[-3000:] + err[-3000:]
-    held = _detached_supervisor(run_dir)
-    _synced(run_dir, held, step=10)
-    _sigkill(held.pid)
-    (first,) = fake_vast.live()
-    first_log = first.root / "disk" / "workspace" / "runs" / "unsup" / "logs" / "launch.log"
-    fake_vast.outbid(first.id)
-    reached = max(e["step"] for e in _events(first_log, "train_step"))
-
-    # The recovering supervisor is itself killed right after it created the replacement
-    # (still loading, nothing set up on it): the next deploy adopts that healthy instance,
-    # sets it up (checkpoint and log uploaded, then preflight) instead of destroying it,
-    # and counts no second recovery for the one outbid.
-    recovering = _fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup"))
-    lines = _wait_line(recovering, "created instance", timeout=240)
-    _sigkill(recovering.pid)
-    _done(recovering, 30)
-    (second,) = fake_vast.live()
-    assert f"created instance {second.id}" in lines[-1]
-
-    code, out, err = _done(_fab(tmp_path, fake_vast, *_deploy_args(hosts, config, "unsup")), 400)
-    assert code == 0, out[-4000:] + err[-3000:]
-    assert f"picking up run unsup: instance {second.id} is" in out
-    assert f"instance {second.id} was rented for run unsup but not set up" in out
-    assert "uploaded checkpoint step 10" in out
-    assert "recovery 2" not in out
-    resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
-    assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
-    state = json.loads((run_dir / "run.json").read_text())
-    assert state["recoveries"] == 1 and state["ended"] == "exit 0"
-    assert [i["instance_id"] for i in state["instances"]] == [str(first.id), str(second.id)]
-    assert [i["end_reason"] != "" for i in state["instances"]] == [True, True]
-    assert "outbid" in state["history"][0]["reason"]
-    _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
-    (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
-    assert marked["resume_step"] == 10
-    print(
-        f"\nMEASURE supervisor restart -> recovered (first step on the new instance): "
-        f"{_seconds(resumed):.1f} s; steps lost: {reached - 10} (instance reached step "
-        f"{reached}, resumed from 10)"
-    )
-
-
-def test_outbid_while_unsupervised_recovers_from_the_bucket(
+def test_outbid_while_unsupervised_recovers_from_the_bucket_on_the_next_deploy_bit_for_bit(
     fake_vast: FakeVast,
     demo_data: Path,
     s3_server: S3Server,
@@ -248,13 +192,17 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     The config says `credentials: account` (rclone has no STS): the account keys go to the
     host, with one warning saying what that exposes. The same deploy run again on another
     machine (its own HOME, state dir and runs/: no checkpoint, no supervision state of this
-    run) takes the run's state from the bucket, fetches step 10 from it, recovers on a new
-    instance and finishes with weights equal to an uninterrupted run's."""
+    run) takes the run's state from the bucket, fetches step 10 from it, ends the outbid
+    instance and rents another, and is itself SIGKILLed right after that create; run once
+    more there, it adopts the new instance, sets it up, resumes from step 10 and finishes:
+    one recovery, two instances, both destroyed, weights equal to an uninterrupted run's.
+    A third machine with only the bucket reads the run's whole log."""
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}]  # the first instance never passes 15
     hosts = _hosts(fake_vast, tmp_path, demo_data, checkpoint_sync=s3_server.url())
-    # rclone mints no scoped credentials (no STS): the account's keys, said once.
+    # rclone mints no scoped credentials (no STS): the account's keys, said once. The
+    # config is test_failover's (30 steps, this checkpoint_sync): one reference for both.
     account = {"credentials": "account"}
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"checkpoint_sync": account})
+    config = demo_config(tmp_path / "demo.yaml", max_steps=30, extra={"checkpoint_sync": account})
     s3_env = {**s3_server.client_env(), "AWS_ENDPOINT_URL": s3_server.endpoint_url}
     run_dir = tmp_path / "runs" / "unsup-s3"
     deploy = _deploy_args(hosts, config, "unsup-s3")
@@ -270,24 +218,45 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
         time.sleep(0.5)  # the instance's uploader committing it
     _sigkill(held.pid)
     (first,) = fake_vast.live()
+    first_log = first.root / "disk" / "workspace" / "runs" / "unsup-s3" / "logs" / "launch.log"
     fake_vast.outbid(first.id)
+    reached = max(e["step"] for e in _events(first_log, "train_step"))
 
+    # Another machine recovers the run from the bucket; its supervisor is itself killed
+    # right after it created the replacement (still loading, nothing set up on it): the
+    # next deploy there adopts that healthy instance, sets it up (checkpoint and log
+    # uploaded, then preflight) instead of destroying it, and counts no second recovery
+    # for the one outbid.
     other = tmp_path / "always-on-host"  # HOME, state dir and runs/ of another machine
     other.mkdir()
     run_dir = other / "runs" / "unsup-s3"
+    recovering = _fab(other, fake_vast, *deploy, env=s3_env)
+    lines = _wait_line(recovering, "created instance", timeout=240)
+    _sigkill(recovering.pid)
+    _done(recovering, 30)
+    (second,) = fake_vast.live()
+    assert f"created instance {second.id}" in lines[-1], lines[-1]
+    said = "".join(lines)
+    where = "s3://ups-test/runs/unsup-s3/"
+    assert f"supervised elsewhere: its state is taken from {where}" in said, said[-4000:]
+    assert f"fetched checkpoint step 10 from {where}" in said, said[-4000:]
+    picking = next(line for line in lines if "recovery 1/3: picking up run unsup-s3" in line)
+    assert "from step 10" in picking, picking
+
     code, out, err = _done(_fab(other, fake_vast, *deploy, env=s3_env), 400)
     assert code == 0, out[-4000:] + err[-3000:]
-    assert "supervised elsewhere: its state is taken from s3://ups-test/runs/unsup-s3/" in out
-    assert "fetched checkpoint step 10 from s3://ups-test/runs/unsup-s3/" in out, out[-4000:]
-    assert "recovery 1/3: picking up run unsup-s3" in out and "from step 10" in out
+    assert f"picking up run unsup-s3: instance {second.id} is" in out, out[-4000:]
+    assert f"instance {second.id} was rented for run unsup-s3 but not set up" in out
+    assert "uploaded checkpoint step 10" in out, out[-4000:]
+    assert "recovery 2" not in out, out[-4000:]
     assert fake_vast.live() == [] and len(fake_vast.destroyed) == 2
     for inst in fake_vast.destroyed.values():  # what `credentials: account` sends
         creds = (
             inst.root / "disk" / "workspace" / ".ups" / "deploy" / "unsup-s3" / "aws_credentials"
         )
-        assert s3_server.secret_key in creds.read_text()
+        assert s3_server.secret_key in creds.read_text(), f"no account keys on {inst.id}"
     (marked,) = _events(run_dir / "logs" / "launch.log", RECOVERY_EVENT)
-    assert marked["resume_step"] == 10 and marked["lost_instance"] == str(first.id)
+    assert marked["resume_step"] == 10 and marked["lost_instance"] == str(first.id), marked
     _same_weights_as_uninterrupted(run_dir, tmp_path_factory, config, demo_data)
     resumed = next(line for line in out.splitlines() if "resumed; since detection" in line)
     # The account covers both instances, the one lost while nobody supervised included:
@@ -297,9 +266,13 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     total = float(summary.split("about $")[1].split(" ")[0])
     assert len(costs) == 2 and total == pytest.approx(sum(costs), abs=2e-4), summary
     record = json.loads((run_dir / "run.json").read_text())
-    assert record["status"] == "finished" and len(record["instances"]) == 2
-    assert record["bucket_checkpoint"] == 20  # the bucket's newest committed checkpoint
+    assert record["status"] == "finished" and record["ended"] == "exit 0", record["status"]
+    assert record["recoveries"] == 1, record["history"]
+    assert [i["instance_id"] for i in record["instances"]] == [str(first.id), str(second.id)]
+    assert [i["end_reason"] != "" for i in record["instances"]] == [True, True]
+    assert record["bucket_checkpoint"] == 30  # the bucket's newest committed checkpoint
     (recovery,) = record["history"]
+    assert "outbid" in recovery["reason"], recovery
     assert recovery["lost_instance"] == str(first.id) and recovery["resume_step"] == 10
     assert recovery["downtime_s"] is not None
 
@@ -318,14 +291,18 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket(
     assert bucket_log is not None
     replay.write_bytes(bucket_log)
     steps = [e["step"] for e in _events(replay, "train_step")]
-    assert steps == sorted(set(steps)) and steps[-1] == 19, steps  # 0-based, every 5th
-    lines = replay.read_text().splitlines()
-    mark = next(i for i, line in enumerate(lines) if RECOVERY_EVENT in line)
-    assert json.loads(lines[mark])["lost_instance"] == str(first.id)
-    before = [e["step"] for e in _events(lines[:mark], "train_step")]
-    after = [e["step"] for e in _events(lines[mark:], "train_step")]
+    assert steps == sorted(set(steps)) and steps[-1] == 29, steps  # 0-based, every 5th
+    log_lines = replay.read_text().splitlines()
+    mark = next(i for i, line in enumerate(log_lines) if RECOVERY_EVENT in line)
+    assert json.loads(log_lines[mark])["lost_instance"] == str(first.id)
+    before = [e["step"] for e in _events(log_lines[:mark], "train_step")]
+    after = [e["step"] for e in _events(log_lines[mark:], "train_step")]
     assert max(before) < 10 <= min(after)  # checkpoint 10: steps 0-9 done before it
-    print(f"\nMEASURE supervisor restart -> recovered from the bucket: {_seconds(resumed):.1f} s")
+    print(
+        f"\nMEASURE supervisor restart -> recovered from the bucket (first step on the new "
+        f"instance): {_seconds(resumed):.1f} s; the outbid instance had logged step {reached} "
+        "(every 5th is logged), the run resumed from 10"
+    )
 
 
 def _same_weights_as_uninterrupted(
