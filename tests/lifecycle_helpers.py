@@ -1,5 +1,6 @@
 """Helpers for the lifecycle tests: `ups launch` with a marker in its environment, so
-every process it started can be found afterwards, wherever it was re-parented."""
+every process it started can be found afterwards, wherever it was re-parented; and the
+launch of a plain finishing run that several tests read (:func:`finished_launch`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ import json
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import torch
+import yaml
 
-from tests.conftest import REPO, parse_events, worker_env
+from tests.conftest import REPO, made_once_per_run, parse_events, tiny_config, worker_env
 from tests.launch_helpers import launch_cmd
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -67,11 +71,17 @@ def survivors(marker: str) -> list[str]:
     return found
 
 
-def assert_no_survivors(marker: str, wait_s: float = 10.0) -> None:
-    """Nothing the launch started is alive (a short wait for exits already under way)."""
+def survivors_after(marker: str, wait_s: float = 10.0) -> list[str]:
+    """:func:`survivors`, after a short wait for exits already under way."""
     deadline = time.monotonic() + wait_s
     while (left := survivors(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)  # processes exiting after SIGKILL: nothing to wait on jointly
+    return left
+
+
+def assert_no_survivors(marker: str, wait_s: float = 10.0) -> None:
+    """Nothing the launch started is alive (a short wait for exits already under way)."""
+    left = survivors_after(marker, wait_s)
     assert not left, f"processes outlived ups launch: {left}"
 
 
@@ -103,3 +113,50 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float, **match: A
         assert proc.poll() is None, "launch ended before the event appeared"
         time.sleep(0.2)  # polling a file another process writes
     raise AssertionError(f"no event {match} in {path} within {timeout} s")
+
+
+@dataclass
+class Launched:
+    """What one `ups launch` printed and left: its exit code, stdout and stderr (pipes, so
+    JSON lines), the processes that outlived it, its output directory."""
+
+    output_dir: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    survivors: list[str]
+
+
+FINISHED_RUN_ID = "ws"
+
+
+def finished_config(output_dir: Path, tiny_data: dict[str, Path]) -> dict[str, Any]:
+    """:func:`finished_launch`'s config, writing to ``output_dir``."""
+    return tiny_config(output_dir, tiny_data, training={"max_steps": 4},
+                       checkpoint={"every_steps": 2})  # fmt: skip
+
+
+def finished_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) -> Launched:
+    """`ups launch CONFIG --run-id ws --skip-preflight` of the tiny config, 4 steps on 2
+    ranks with a checkpoint every 2, stdout and stderr pipes: the plain run that finishes
+    (preflight before the trainer: tests/test_launch_ports.py). Made once per test run and
+    read by every test that checks such a run; a test that continues it works on a copy of
+    its output directory."""
+
+    def launch(root: Path) -> None:
+        config = root / "config.yaml"
+        config.write_text(yaml.safe_dump(finished_config(root / "runs", tiny_data)))
+        marker = str(root)
+        done = subprocess.run(
+            launch_cmd(str(config), "--run-id", FINISHED_RUN_ID, "--skip-preflight"),
+            capture_output=True, text=True, timeout=400, env=launch_env(marker), cwd=REPO,
+        )  # fmt: skip
+        (root / "launched.json").write_text(json.dumps({
+            "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+            "survivors": survivors_after(marker),
+        }))  # fmt: skip
+
+    root = made_once_per_run(factory, "finished-launch", launch)
+    got = json.loads((root / "launched.json").read_text())
+    return Launched(root / "runs", got["returncode"], got["stdout"], got["stderr"],
+                    got["survivors"])  # fmt: skip

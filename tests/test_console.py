@@ -1,7 +1,8 @@
 """The console people see on a terminal, and the JSON lines everything else gets.
 
 The terminal tests run the real `ups launch` (2 gloo ranks under torchrun) inside a real
-pseudo-terminal and read back what it drew.
+pseudo-terminal and read back what it drew; the piped test reads what the shared finished
+run (tests/lifecycle_helpers.py: finished_launch) printed to a pipe.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import re
 import select
 import signal
 import struct
-import subprocess
 import termios
 import time
 from collections.abc import Callable
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, REPO, worker_env
+from tests.lifecycle_helpers import finished_launch
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][0-9A-Za-z]")
 FLOAT = re.compile(r"\d*\.\d+(?:e[-+]?\d+)?")
@@ -82,12 +83,12 @@ def strict_json(line: str) -> object:
 
 
 @pytest.mark.slow
-def test_launch_on_a_terminal_shows_progress_and_summary_and_pipes_get_json(
+def test_launch_on_a_terminal_shows_progress_and_summary_and_its_log_stays_json(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     """On a terminal `ups launch` draws the live progress line (step/total, ETA, short
     numbers) and ends with the evaluation and outcome tables, with no raw float and no JSON;
-    the same command piped prints only strict JSON lines, and launch.log stays JSON."""
+    launch.log stays JSON."""
     config = make_config(training={"max_steps": 6, "log_every": 1}, wandb={"mode": "disabled"})
     cmd = [PYTHON, "-m", "ups", "launch", str(config), "--skip-preflight"]
 
@@ -106,16 +107,16 @@ def test_launch_on_a_terminal_shows_progress_and_summary_and_pipes_get_json(
     events = [strict_json(line) for line in launch_log.read_text().splitlines()]
     assert any(isinstance(e, dict) and e["event"] == "train_step" for e in events)
 
-    piped = subprocess.run(
-        [*cmd, "--run-id", "pipe"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=worker_env(),
-        cwd=REPO,
-    )
-    assert piped.returncode == 0, piped.stdout[-3000:] + piped.stderr[-2000:]
-    lines = piped.stdout.splitlines()
+
+@pytest.mark.slow
+def test_a_piped_launch_prints_only_strict_json_lines(
+    tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`ups launch` with stdout a pipe (the shared finished run, :func:`finished_launch`)
+    prints only strict JSON lines, the last one `run_ended`."""
+    launched = finished_launch(tmp_path_factory, tiny_data)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-2000:]
+    lines = launched.stdout.splitlines()
     parsed = [strict_json(line) for line in lines]  # raises on any non-JSON line
     names = [e["event"] for e in parsed if isinstance(e, dict)]
     assert len(names) == len(lines) and "train_step" in names and names[-1] == "run_ended"

@@ -1,4 +1,7 @@
-"""The fault matrix: each fault injected into real torchrun workers (gloo, CPU)."""
+"""The fault matrix: each fault injected into real torchrun workers (gloo, CPU).
+
+The tests that start from a preempted run share one (:func:`tests.fault_helpers.preempted_run`,
+made once per test run); each that resumes it works on its own copy."""
 
 from __future__ import annotations
 
@@ -8,9 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.conftest import only_run_dir, parse_events, rank_events, torchrun, uninterrupted_run
-from tests.fault_helpers import survivors
+from tests.fault_helpers import (
+    PREEMPTED_AT,
+    copy_of,
+    preempted_config,
+    preempted_run,
+    survivors,
+)
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -76,18 +86,24 @@ def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_pat
     assert _wandb_exit_code(run_dir) == 1  # failed, not crashed and not finished
 
 
-def test_hung_rank_after_a_resume_times_out_within_the_collective_timeout(make_config, tmp_path):
+def test_hung_rank_after_a_resume_times_out_within_the_collective_timeout(
+    tmp_path, tiny_data, tmp_path_factory
+):
     """After a resume (the tight timeout must hold there too, not the 60 s init timeout),
-    rank 1 sleeps before step 7: rank 0 gives up after collective_timeout_s, names it and
-    where it hung (file:line in function, from rank 1's stacks dumped into its log)."""
-    cfg = make_config(training={"max_steps": 20}, distributed={"collective_timeout_s": 5})
-    assert torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:3"}).returncode != 0
-    run_dir = only_run_dir(tmp_path / "runs")
+    rank 1 sleeps before step 9: rank 0 gives up after collective_timeout_s, names it and
+    where it hung (file:line in function, from rank 1's stacks dumped into its log). It
+    resumes a copy of the shared preempted run (:func:`preempted_run`)."""
+    preempted = preempted_run(tmp_path_factory, tiny_data)
+    assert preempted.returncode != 0
+    run_dir = only_run_dir(copy_of(preempted.output_dir, tmp_path / "runs"))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(preempted_config(tmp_path / "runs", tiny_data,
+                                                   collective_timeout_s=5)))  # fmt: skip
     # The agent forwards SIGTERM to the workers; under load that can land a step later, so
-    # the stop step is read from the checkpoint the first attempt saved, not assumed to be 3.
+    # the stop step is read from the checkpoint the first attempt saved, not assumed.
     saved = _events(run_dir, 0, "checkpoint_saved")[-1]["step"]
-    assert 3 <= saved < 7, f"the first attempt stopped at step {saved}, past the hang at 7"
-    result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:7"})
+    assert PREEMPTED_AT <= saved < 9, f"the first attempt stopped at step {saved}, past the hang"
+    result = torchrun(cfg, env={"UPS_FAULTS": "hang@1:9"})
     assert result.returncode != 0
     assert [e["step"] for e in _events(run_dir, 0, "resumed")] == [saved]
     failed = [e for e in rank_events(run_dir, 0) if e["event"] == "outcome"][-1]
@@ -118,16 +134,12 @@ def _final_model(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint(path)["model"]
 
 
-def test_preemption_checkpoints_and_resume_matches_an_uninterrupted_run(
-    make_config, tmp_path, tmp_path_factory
-):
-    """SIGTERM at step 5 stops all ranks at one step; the same command resumes bit-exactly."""
-    cfg = make_config(training={"max_steps": 12}, run={"output_dir": str(tmp_path / "b")})
-    reference = _final_model(uninterrupted_run(tmp_path_factory, cfg))
-
-    first = torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:5"})
-    assert first.returncode != 0
-    run_dir = only_run_dir(tmp_path / "b")
+def test_preemption_stops_every_rank_at_one_step_with_a_checkpoint(tiny_data, tmp_path_factory):
+    """SIGTERM at step 5 (the shared preempted run, :func:`preempted_run`) stops all ranks
+    at one step: outcome preempted (exit 75, SIGTERM), its checkpoint written, W&B told 75."""
+    preempted = preempted_run(tmp_path_factory, tiny_data)
+    assert preempted.returncode != 0
+    run_dir = only_run_dir(preempted.output_dir)
     outcome = read_outcome(run_dir)
     assert outcome is not None and outcome.outcome == "preempted"
     assert outcome.exit_code == EXIT_PREEMPTED and outcome.signal == "SIGTERM"
@@ -136,11 +148,24 @@ def test_preemption_checkpoints_and_resume_matches_an_uninterrupted_run(
     assert Path(outcome.checkpoint or "").is_file()
     assert _wandb_exit_code(run_dir) == EXIT_PREEMPTED
 
+
+def test_preemption_resumes_to_match_an_uninterrupted_run(tmp_path, tiny_data, tmp_path_factory):
+    """The same command again, on a copy of the shared preempted run: it continues that run
+    from the preemption checkpoint and ends bit-exactly equal to an uninterrupted run."""
+    preempted = preempted_run(tmp_path_factory, tiny_data)
+    assert preempted.returncode != 0
+    run_dir = only_run_dir(copy_of(preempted.output_dir, tmp_path / "b"))
+    stopped = read_outcome(run_dir)
+    assert stopped is not None and stopped.outcome == "preempted"
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(preempted_config(tmp_path / "b", tiny_data)))
+    reference = _final_model(uninterrupted_run(tmp_path_factory, cfg))
+
     second = torchrun(cfg)  # the same command again
     assert second.returncode == 0, second.stderr[-3000:]
     assert only_run_dir(tmp_path / "b") == run_dir  # continued the same run
     resumed = [e for e in parse_events(second.stdout) if e["event"] == "resumed"]
-    assert resumed and resumed[0]["step"] == outcome.step
+    assert resumed and resumed[0]["step"] == stopped.step
     final = _final_model(run_dir)
     assert final.keys() == reference.keys()
     for name, tensor in reference.items():

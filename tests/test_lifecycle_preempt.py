@@ -3,6 +3,7 @@ default 30 s still completes; a grace too short leaves the previous checkpoint t
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import parse_events
 from tests.lifecycle_helpers import (
     assert_no_survivors,
     finish,
@@ -29,11 +31,13 @@ pytestmark = pytest.mark.slow
 def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """SIGTERM during training while every save takes 35 s more: launch waits past 30 s,
-    the checkpoint is written, outcome preempted (exit 75, phase final_save), nothing
-    survives, and the same command resumes from that step. Run as a Slurm job's step
-    would be (``SLURM_JOB_ID`` set), the trainer's reason and launch's end line both say
-    the requeue brings the job back, not "run the same command again"."""
+    """SIGTERM to `ups launch` (what `docker stop` sends) during training while every save
+    takes 35 s more: it reaches the trainer, launch waits past 30 s, the checkpoint is
+    written, outcome preempted (exit 75, phase final_save; launch's last line says so),
+    nothing survives, and the same command resumes from that step and finishes, keeping the
+    preempted outcome as outcome.previous.json. Run as a Slurm job's step would be
+    (``SLURM_JOB_ID`` set), the trainer's reason and launch's end line both say the requeue
+    brings the job back, not "run the same command again"."""
     cfg = make_config(training={"max_steps": 100_000, "epochs": 1000},
                       checkpoint={"every_steps": 100_000})  # fmt: skip
     log = tmp_path / "runs" / "latest" / "logs" / "launch.log"
@@ -51,7 +55,7 @@ def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
     pre = outcome(run_dir)
     assert (pre["outcome"], pre["cause"], pre["phase"]) == ("preempted", "preempted", "final_save")
     assert Path(pre["checkpoint"]).is_file()
-    assert last_event(out)["exit_code"] == 75
+    assert (last_event(out)["outcome"], last_event(out)["exit_code"]) == ("preempted", 75)
     requeue = resume_hint(checkpoint=pre["checkpoint"], environ={"SLURM_JOB_ID": "4242"})
     assert "slurm job 4242" in requeue
     assert pre["reason"].endswith(f"stopped after step {pre['step']}; {requeue}"), pre["reason"]
@@ -61,7 +65,11 @@ def test_slow_checkpoint_under_sigterm_completes_and_the_same_command_resumes(
                 "--set", f"training.max_steps={pre['step'] + 2}")  # fmt: skip
     assert again.returncode == 0, again.stdout[-3000:]
     assert f"resuming run {run_dir.name} from step {pre['step']}" in again.stdout
-    assert outcome(run_dir)["resumed_from"]["step"] == pre["step"]
+    assert any(e["event"] == "resumed" for e in parse_events(again.stdout))
+    finished = outcome(run_dir)
+    assert (finished["outcome"], finished["resumed_from"]["step"]) == ("finished", pre["step"])
+    previous = json.loads((run_dir / "outcome.previous.json").read_text())
+    assert previous["outcome"] == "preempted"
 
 
 def test_too_short_grace_keeps_the_previous_checkpoint_for_the_next_run(

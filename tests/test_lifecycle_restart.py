@@ -1,5 +1,6 @@
 """`--max-restarts`: torchrun relaunched in place from the last checkpoint after a
-retryable failure, never after a deterministic one."""
+retryable failure (ending bit-exactly where an uninterrupted run ends), never after a
+deterministic one."""
 
 from __future__ import annotations
 
@@ -8,27 +9,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
-from tests.conftest import parse_events
-from tests.lifecycle_helpers import outcome, run
+from tests.conftest import parse_events, uninterrupted_run
+from tests.lifecycle_helpers import final_model, outcome, run
 
 pytestmark = pytest.mark.slow
 
 
 def test_max_restarts_relaunches_torchrun_after_a_sigkill(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """Rank 1 is SIGKILLed at step 6 with --max-restarts 1: launch logs the restart,
     relaunches torchrun, which resumes from step 4 and finishes; exit 0 and the outcome
-    counts 1 restart and lists both attempts (the first with its SIGKILL explanation)."""
-    cfg = make_config(
-        training={"max_steps": 10},
-        checkpoint={"every_steps": 4},
-        distributed={"restart_backoff_s": 1, "init_timeout_s": 60, "collective_timeout_s": 30},
-    )
+    counts 1 restart and lists both attempts (the first with its SIGKILL explanation). The
+    final weights equal an uninterrupted run's bit for bit (the shared reference of this
+    config; the backoff is set on the command line so the config is the reference's)."""
+    cfg = make_config(training={"max_steps": 12}, checkpoint={"every_steps": 4})
+    reference = final_model(uninterrupted_run(tmp_path_factory, cfg))  # shared (conftest)
     proc = run(
         str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "1",
-        env={"UPS_FAULTS": "sigkill@1:6"},
+        "--set", "distributed.restart_backoff_s=1", env={"UPS_FAULTS": "sigkill@1:6"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "restarting torchrun from the last checkpoint in 1 s (restart 1 of 1)" in proc.stdout
@@ -41,6 +42,10 @@ def test_max_restarts_relaunches_torchrun_after_a_sigkill(
     assert second["outcome"] == "finished"
     assert out["resumed_from"]["step"] == 4
     assert any(e["event"] == "faults_disarmed" for e in parse_events(proc.stdout))
+    weights = final_model(run_dir)
+    assert weights.keys() == reference.keys()
+    for name, tensor in reference.items():
+        assert torch.equal(weights[name], tensor), f"{name} differs after the restart"
 
 
 def test_deterministic_failure_is_neither_restarted_nor_resumed(

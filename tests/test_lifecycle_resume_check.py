@@ -2,30 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import parse_events
-from tests.lifecycle_helpers import last_event, outcome, run
+from tests.lifecycle_helpers import (
+    FINISHED_RUN_ID,
+    finished_config,
+    finished_launch,
+    last_event,
+    outcome,
+    run,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def test_resume_on_another_world_size_is_refused_then_allowed(
-    make_config: Callable[..., Path], tmp_path: Path
+    tiny_data: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """A 2-rank run resumed on 1 rank: refused with exit 2, one paragraph naming the world
+    """A 2-rank run (a copy of the shared finished run, :func:`finished_launch`: 4 steps,
+    run id ws) resumed on 1 rank: refused with exit 2, one paragraph naming the world
     size change and the flag, no traceback. With --allow-resume-change world_size it runs,
     remapping step 4 (global batch 16) to step 8 (global batch 8), and every attempt's
     config is kept."""
-    cfg = make_config(training={"max_steps": 4}, checkpoint={"every_steps": 2})
-    first = run(str(tmp_path), str(cfg), "--skip-preflight", "--run-id", "ws")
+    first = finished_launch(tmp_path_factory, tiny_data)
     assert first.returncode == 0, first.stdout[-3000:]
-    run_dir = tmp_path / "runs" / "ws"
+    shutil.copytree(first.output_dir, tmp_path / "runs", symlinks=True)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump(finished_config(tmp_path / "runs", tiny_data)))
+    run_dir = tmp_path / "runs" / FINISHED_RUN_ID
 
-    args = (str(cfg), "--skip-preflight", "--run-id", "ws", "--nproc-per-node", "1",
+    args = (str(cfg), "--skip-preflight", "--run-id", FINISHED_RUN_ID, "--nproc-per-node", "1",
             "--set", "training.max_steps=12")  # fmt: skip
     refused = run(str(tmp_path), *args)
     assert refused.returncode == 2, refused.stdout[-3000:]

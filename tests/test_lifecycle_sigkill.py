@@ -1,8 +1,9 @@
 """A rank killed by a real SIGKILL: the outcome explains it (OOM killer or not, memory
-limit, peak RSS per rank), nothing survives, and the same command resumes bit-exactly."""
+limit, peak RSS per rank), nothing survives, and the same command continues the run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -11,13 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-import torch
 
-from tests.conftest import uninterrupted_run
 from tests.lifecycle_helpers import (
     MARKER,
     assert_no_survivors,
-    final_model,
     finish,
     last_event,
     outcome,
@@ -29,20 +27,19 @@ from tests.lifecycle_helpers import (
 pytestmark = pytest.mark.slow
 
 
-def test_sigkilled_rank_is_explained_and_the_same_command_resumes_bit_exactly(
-    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+def test_sigkilled_rank_is_explained_and_the_same_command_would_resume_it(
+    make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     """Rank 1 SIGKILLs itself at step 6 (what the OOM killer or `docker kill` does): exit 1,
     outcome names rank 1 and SIGKILL, says it was not the OOM killer, with the memory limit
-    and each rank's peak RSS. Running the same command again says it resumes from step 4,
-    and the final weights equal an uninterrupted run's."""
-    common = {"training": {"max_steps": 12}, "checkpoint": {"every_steps": 4, "keep_last": 5}}
-    cfg = make_config(run={"name": "t", "output_dir": str(tmp_path / "b")}, **common)
-    reference = final_model(uninterrupted_run(tmp_path_factory, cfg))  # shared (conftest)
+    and each rank's peak RSS. The same command's plan (`--dry-run`) continues this run from
+    its step-4 checkpoint; that such a resume ends bit-exactly equal to an uninterrupted run
+    is test_lifecycle_restart's restart after the same SIGKILL."""
+    cfg = make_config(training={"max_steps": 12}, checkpoint={"every_steps": 4})
 
     killed = run(str(tmp_path), str(cfg), "--skip-preflight", env={"UPS_FAULTS": "sigkill@1:6"})
     assert killed.returncode == 1, killed.stdout[-3000:]
-    run_dir = (tmp_path / "b" / "latest").resolve()
+    run_dir = (tmp_path / "runs" / "latest").resolve()
     out = outcome(run_dir)
     assert (out["outcome"], out["failed_rank"], out["signal"]) == ("failed", 1, "SIGKILL")
     assert out["cause"] == "rank_signal" and out["phase"] == "training"
@@ -55,16 +52,11 @@ def test_sigkilled_rank_is_explained_and_the_same_command_resumes_bit_exactly(
     assert last["outcome"] == "failed"
     assert last["resume"] == "run the same command again to continue from the last checkpoint"
 
-    resumed = run(str(tmp_path), str(cfg), "--skip-preflight")
-    assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert f"resuming run {run_dir.name} from step 4" in resumed.stdout
-    assert (tmp_path / "b" / "latest").resolve() == run_dir
-    final = outcome(run_dir)
-    assert final["outcome"] == "finished" and final["resumed_from"]["step"] == 4
-    weights = final_model(run_dir)
-    assert weights.keys() == reference.keys()
-    for name, tensor in reference.items():
-        assert torch.equal(weights[name], tensor), f"{name} differs after resume"
+    plan = run(str(tmp_path), str(cfg), "--skip-preflight", "--dry-run")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-2000:]
+    planned = json.loads(plan.stdout)
+    assert planned["run_id"] == run_dir.name, planned
+    assert planned["resume"] is not None and planned["resume"]["step"] == 4, planned["resume"]
 
 
 def _rank_pid(marker: str, rank: int, timeout: float = 120) -> int:
