@@ -174,10 +174,14 @@ def uninterrupted_run(factory: pytest.TempPathFactory, config: Path) -> Path:
     """The run directory of ``config`` trained without interruption under torchrun: the
     reference a resumed or repaired run must equal. Made once per test run for each config
     and shared by every test that compares with it (the output directory, run id, W&B,
-    ``keep_last``, uploads and ports aside, which do not change what is computed)."""
+    ``keep_last``, uploads, ports, timeouts and restart settings aside, which do not change
+    what is computed)."""
     cfg = yaml.safe_load(config.read_text())
     for section, key in (("run", "output_dir"), ("run", "run_id"), ("checkpoint", "keep_last"),
-                         ("distributed", "master_port")):  # fmt: skip
+                         ("distributed", "master_port"), ("distributed", "init_timeout_s"),
+                         ("distributed", "collective_timeout_s"), ("distributed", "stop_grace_s"),
+                         ("distributed", "max_restarts"),
+                         ("distributed", "restart_backoff_s")):  # fmt: skip
         cfg.get(section, {}).pop(key, None)
     for section in ("wandb", "checkpoint_sync"):
         cfg.pop(section, None)
