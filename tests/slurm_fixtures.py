@@ -67,14 +67,30 @@ def _start_once() -> Path:
     return SLURM_CONF
 
 
+def cancel_jobs_under(root: Path) -> list[str]:
+    """Cancel every job still queued whose working directory is under ``root``; the ids.
+    Jobs of other test runs on the same cluster (another pytest session on this machine,
+    as the same user) are left alone."""
+    listed = slurm("squeue", "-h", "--user", getpass.getuser(), "-o", "%i|%Z")
+    ids = [
+        job
+        for job, _, workdir in (line.partition("|") for line in listed.stdout.splitlines())
+        if workdir and Path(workdir).is_relative_to(root)
+    ]
+    if ids:
+        slurm("scancel", *ids)
+    return ids
+
+
 @pytest.fixture
-def slurm_cluster() -> Iterator[Path]:
+def slurm_cluster(tmp_path: Path) -> Iterator[Path]:
     """The test cluster's slurm.conf, with both nodes up (fails, never skips, when Slurm
-    cannot be installed or started). Every job still queued when the test ends is
-    cancelled: a failed test leaves no job holding the nodes (the slurm tests run on one
-    xdist worker, ``xdist_group("slurm")``)."""
+    cannot be installed or started). Every job the test submitted (from a directory under
+    its tmp_path) still queued when it ends is cancelled: a failed test leaves no job
+    holding the nodes (the slurm tests run on one xdist worker, ``xdist_group("slurm")``),
+    and cancels no job of another run sharing the cluster."""
     conf = _start_once()
     try:
         yield conf
     finally:
-        slurm("scancel", "--user", getpass.getuser())
+        cancel_jobs_under(tmp_path)

@@ -1,11 +1,12 @@
 """`kind: slurm` against a real Slurm: two slurmd on loopback (tests/slurm_fixtures.py),
 reached like a cluster's login node, over real SSH (sshd on this machine).
 
-One job of the demo runs on two nodes x one rank through a requeue by Slurm, a `fab stop`
-and a second `fab deploy`, and ends with the same held-out numbers and the same weights
-as the same config run uninterrupted by two ranks on one machine (`ups launch`, shared
-with other tests: deploy_fixtures.demo_reference). The other test covers what never
-trains: a request the cluster cannot meet, and a node whose preflight fails.
+One job of the demo runs on two nodes x one rank through a requeue on the time-limit
+warning, a `fab stop` and a second `fab deploy`, and ends with the same held-out numbers
+and the same weights as the same config run uninterrupted by two ranks on one machine
+(`ups launch`, shared with other tests: deploy_fixtures.demo_reference). The other test
+covers what never trains: a request the cluster cannot meet, and a node whose preflight
+fails; then a script requeued by Slurm itself (`scontrol requeue`).
 """
 
 from __future__ import annotations
@@ -103,21 +104,23 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
 ) -> None:
     """2 nodes x 1 rank: `fab deploy` prints the batch script it submits, preflights both
     nodes inside the allocation and follows the run; the time-limit warning (USR1 to the
-    batch shell) and then `scontrol requeue` mid-run each stop it with a checkpoint and it
-    resumes there, under the same job; `fab status` names the nodes; `fab stop`
-    preempts it (exit 75) and the same `fab deploy` continues it. Its held-out numbers
-    and final weights equal the same config's uninterrupted on one machine with two
-    ranks (same global batch)."""
+    batch shell) mid-run stops it with a checkpoint and it resumes there, under the same
+    job (a requeue by Slurm itself, `scontrol requeue`, is the other test's: its script
+    resumes the same way); `fab status` names the nodes; `fab stop` preempts it (exit 75)
+    and the same `fab deploy` continues it. Its held-out numbers and final weights equal
+    the same config's uninterrupted on one machine with two ranks (same global batch)."""
     workdir = sshd.root / "remote"
     link_data(workdir, demo_data)
     hosts = _hosts(sshd, tmp_path)
-    plain = demo_config(tmp_path / "plain.yaml", max_steps=12)
+    # 20 steps: the plain demo config test_vast_supervisor's outbid test compares with too,
+    # so one uninterrupted reference serves both.
+    plain = demo_config(tmp_path / "plain.yaml", max_steps=20)
     reference_run = demo_reference(tmp_path_factory, plain, demo_data)
 
-    # Held asleep at steps 3, 6 and 9 until stopped: the time-limit warning, the requeue
-    # and the stop land mid-run.
-    pauses = [{"kind": "pause", "rank": r, "step": s} for s in (3, 6, 9) for r in (0, 1)]
-    paused = demo_config(tmp_path / "paused.yaml", max_steps=12, extra={"faults": pauses})
+    # Held asleep at steps 3 and 6 until stopped: the time-limit warning and the stop land
+    # mid-run.
+    pauses = [{"kind": "pause", "rank": r, "step": s} for s in (3, 6) for r in (0, 1)]
+    paused = demo_config(tmp_path / "paused.yaml", max_steps=20, extra={"faults": pauses})
     deploy = ["deploy", "--host", "cluster", "--hosts-file", str(hosts), "--config", str(paused)]
     log = workdir / "runs" / "pair" / "logs" / "launch.log"
     started = time.monotonic()
@@ -135,13 +138,10 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
         assert f"slurm job {job_id}: running on n[1-2]" in status.stdout
 
         # What `--signal=B:USR1@N` sends ahead of the time limit: checkpoint, requeue itself.
+        warned_at = time.monotonic()
         assert slurm("scancel", "--signal=USR1", "--batch", job_id).returncode == 0
-        _wait(log, 240, event="resumed")
+        resumed = _wait(log, 240, event="resumed") - warned_at
         _wait(log, 120, event="fault_injected", step=6)
-        requeued_at = time.monotonic()
-        assert slurm("scontrol", "requeue", job_id).returncode == 0
-        resumed = _wait(log, 240, count=2, event="resumed") - requeued_at
-        _wait(log, 120, event="fault_injected", step=9)
         stopped = fab("stop", "--host", "cluster", "--hosts-file", str(hosts), timeout=200)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert "preempted (exit 75)" in stopped.stdout
@@ -154,19 +154,16 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     assert _printed_script(out) == submitted.read_text()  # what ran is what was printed
     assert f"submitted run pair as slurm job {job_id}" in out
     assert "preflight_passed_before_launch" in out
-    assert f"slurm job {job_id}: requeued 2 time(s), started 3" in out
+    assert f"slurm job {job_id}: requeued 1 time(s), started 2" in out
     assert "pending (None)" not in out and "Logging error" not in err
     # Slurm brings a requeued job back by itself: no "run the same command again" then.
     hints = [e.get("resume", "") for e in _events(log) if e.get("event") == "run_ended"]
     assert hints and all(h.startswith("a requeued Slurm job") for h in hints), hints
     preempted = json.loads((workdir / "runs" / "pair" / "outcome.json").read_text())
     assert preempted["outcome"] == "preempted" and preempted["world_size"] == 2
-    # No requeue lost a step: each resumed from the checkpoint written where it was held.
+    # The requeue lost no step: it resumed from the checkpoint written where it was held.
     resumes = [(e["path"], e["step"]) for e in _events(log) if e.get("event") == "resumed"]
-    assert resumes == [
-        ("runs/pair/checkpoints/step_000004.pt", 4),
-        ("runs/pair/checkpoints/step_000007.pt", 7),
-    ]
+    assert resumes == [("runs/pair/checkpoints/step_000004.pt", 4)]
 
     again = fab(*deploy, "--run", "pair", timeout=300)
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
@@ -183,7 +180,7 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     for name, tensor in expected.items():
         assert torch.equal(weights[name], tensor), f"{name} differs from the 1-node run"
     assert (workdir / "runs" / "pair" / "nodes" / "1" / "pair" / "logs" / "launch.log").exists()
-    print(f"slurm: deploy -> first step {first_step:.1f} s; requeue -> resumed {resumed:.1f} s")
+    print(f"slurm: deploy -> first step {first_step:.1f} s; warning -> resumed {resumed:.1f} s")
 
 
 def test_unschedulable_request_and_failing_node_preflight(

@@ -5,8 +5,9 @@ committed, to final weights equal to an uninterrupted run's. Accelerate under ``
 ``fab stop`` and a ``fab fetch`` that brings its checkpoint and ``lightning_logs/`` home
 between the two deploys. The three recipes train the same model on the same data with the
 same optimizer and end bit-identical, so the uninterrupted run is the plain-DDP one
-(examples/ddp, which imports neither library: the cheapest); the plain-DDP recipe's own
-stop-and-resume proof is tests/test_script_deploy.py's.
+(examples/ddp, which imports neither library: the cheapest), trained once per test run
+for both tests; the plain-DDP recipe's own stop-and-resume proof is
+tests/test_script_deploy.py's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, worker_env
+from tests.conftest import REPO, made_once_per_run, worker_env
 from tests.deploy_fixtures import SshServer, fab, sshd
 from tests.launch_helpers import launch_cmd, outcome_of
 
@@ -52,13 +53,16 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str
     return proc.returncode, out
 
 
-def _reference(tmp_path: Path) -> dict[str, torch.Tensor]:
-    """The uninterrupted run's final weights (plain DDP: the same as every recipe's)."""
-    code, out = _finish(
-        _launch("ddp", tmp_path / "runs", "whole", "--out", str(tmp_path / "whole.pt"))
-    )
-    assert code == 0, out[-3000:]
-    weights: dict[str, torch.Tensor] = torch.load(tmp_path / "whole.pt")
+def _reference(factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The uninterrupted run's final weights (plain DDP: the same as every recipe's), made
+    once per test run and shared by both tests."""
+
+    def train(root: Path) -> None:
+        code, out = _finish(_launch("ddp", root / "runs", "whole", "--out", str(root / "whole.pt")))
+        assert code == 0, out[-3000:]
+
+    root = made_once_per_run(factory, "script-recipes-reference", train)
+    weights: dict[str, torch.Tensor] = torch.load(root / "whole.pt")
     return weights
 
 
@@ -71,10 +75,10 @@ def _wait_for(path: Path, text: str, alive: Callable[[], bool], timeout: float =
 
 @pytest.mark.parametrize("recipe", ["accelerate"])
 def test_recipe_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
-    recipe: str, tmp_path: Path
+    recipe: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     runs = tmp_path / "runs"
-    whole = _reference(tmp_path)
+    whole = _reference(tmp_path_factory)
 
     stopped = _launch(recipe, runs, "cut", "--pause-at", "6", "--out", str(tmp_path / "cut.pt"))
     log = runs / "cut" / "logs" / "launch.log"
@@ -112,7 +116,7 @@ stop_grace_s: 30
 
 @pytest.mark.ssh
 def test_lightning_stopped_mid_fit_through_fab_deploy_comes_home_and_resumes(
-    sshd: SshServer, tmp_path: Path
+    sshd: SshServer, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """`fab deploy` of the Lightning recipe, held at step 6: `fab stop` is preempted (75)
     naming the checkpoint it committed, after a stop announcement that promises the script
@@ -120,7 +124,7 @@ def test_lightning_stopped_mid_fit_through_fab_deploy_comes_home_and_resumes(
     checkpoint_dir) and Lightning's lightning_logs/ (its `outputs`) home, byte for byte;
     the same deploy again continues the run from it to weights `torch.equal` to an
     uninterrupted run's."""
-    whole = _reference(tmp_path)
+    whole = _reference(tmp_path_factory)
     proj = tmp_path / "proj"
     proj.mkdir()
     shutil.copy(REPO / "examples" / "lightning" / "train.py", proj / "train.py")

@@ -29,7 +29,6 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.conftest import REPO, worker_env
 from tests.lifecycle_helpers import MARKER, assert_no_survivors, finish, outcome, wait_for
 from ups.config.schema import TrainingConfig
-from ups.preflight.checks.ports import pick_free_port
 from ups.torchcompat import (
     SUPPORTED_TORCH,
     ddp_no_forward_buffer_sync,
@@ -133,29 +132,39 @@ def test_quick_tier_passes_under_the_oldest_torch(range_python: Path) -> None:
 def test_launch_stop_resume_and_preflight_under_the_oldest_torch(
     range_python: Path, make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    """Under the range's torch: `ups launch` of a 2-rank run, SIGTERM once it trains (exit 75,
-    a checkpoint), the same command resumes it to `finished`, nothing survives; preflight on
-    that config passes (on a free master port: other tests may hold 29500), its versions row
-    warning with the pinned and the running torch."""
+    """Under the range's torch: `ups launch` of a 2-rank run passes its preflight (the
+    launcher's own gate, on the master port it picked: other tests may hold 29500), its
+    versions row warning with the pinned and the running torch; SIGTERM once it trains
+    (exit 75, a checkpoint), the same command resumes it to `finished`, nothing
+    survives."""
     version = _torch_version(range_python)
     cfg = make_config(training={"max_steps": 100_000, "epochs": 1000},
                       checkpoint={"every_steps": 100_000})  # fmt: skip
     marker = f"torch-range-{tmp_path.name}"
     env = worker_env({MARKER: marker})
-    launch = [str(range_python), "-m", "ups", "launch", str(cfg), "--skip-preflight"]
-    proc = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=REPO)  # fmt: skip
+    launch = [str(range_python), "-m", "ups", "launch", str(cfg)]
+    # The first launch runs preflight as a user's does, its checks as JSON events.
+    proc = subprocess.Popen([*launch, "--log-format", "json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)  # fmt: skip
     wait_for(tmp_path / "runs" / "latest" / "logs" / "launch.log", proc, 300, event="train_step")
     proc.send_signal(signal.SIGTERM)
     out = finish(proc, timeout=300)
     assert proc.returncode == 75, f"torch {version}:\n{out[-3000:]}"
     assert_no_survivors(marker)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    checks = {e["check"]: e for e in events if e.get("event") == "preflight_check"}
+    pinned = tomllib.loads((REPO / "pins.toml").read_text())["versions"]["torch"]
+    if version.split("+")[0] != pinned:
+        assert checks["versions"]["status"] == "warn", checks["versions"]
+        assert f"torch: pinned {pinned}, running {version}" in checks["versions"]["message"]
+    assert checks["allreduce"]["status"] == "pass", checks["allreduce"]
+    assert not [e for e in checks.values() if e["status"] == "fail"], checks
     run_dir = (tmp_path / "runs" / "latest").resolve()
     stopped = outcome(run_dir)
     assert (stopped["outcome"], stopped["cause"]) == ("preempted", "preempted")
     assert Path(stopped["checkpoint"]).is_file()
 
-    resume = [*launch, "--set", f"training.max_steps={stopped['step'] + 2}"]
+    resume = [*launch, "--skip-preflight", "--set", f"training.max_steps={stopped['step'] + 2}"]
     again = subprocess.run(resume, capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
     assert again.returncode == 0, f"torch {version}:\n{again.stdout[-3000:]}"
     assert_no_survivors(marker)
@@ -163,16 +172,3 @@ def test_launch_stop_resume_and_preflight_under_the_oldest_torch(
     done = outcome(run_dir)
     assert done["outcome"] == "finished" and done["resumed_from"]["step"] == stopped["step"]
     assert done["step"] == stopped["step"] + 2
-
-    pre = subprocess.run(
-        [str(range_python), "-m", "ups.preflight.cli", "--config", str(cfg), "--json",
-         "--events", "off", "--master-port", str(pick_free_port(0, "127.0.0.1"))],
-        capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO,
-    )  # fmt: skip
-    assert pre.returncode == 0, f"torch {version}:\n{pre.stdout[-3000:]}{pre.stderr[-2000:]}"
-    checks = {c["name"]: c for c in json.loads(pre.stdout)["checks"]}
-    pinned = tomllib.loads((REPO / "pins.toml").read_text())["versions"]["torch"]
-    if version.split("+")[0] != pinned:
-        assert checks["versions"]["status"] == "warn", checks["versions"]
-        assert f"torch: pinned {pinned}, running {version}" in checks["versions"]["message"]
-    assert checks["allreduce"]["status"] == "pass", checks["allreduce"]
