@@ -112,15 +112,15 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     workdir = sshd.root / "remote"
     link_data(workdir, demo_data)
     hosts = _hosts(sshd, tmp_path)
-    # 20 steps: the plain demo config test_vast_supervisor's outbid test compares with too,
-    # so one uninterrupted reference serves both.
-    plain = demo_config(tmp_path / "plain.yaml", max_steps=20)
+    # 30 steps: the demo config test_failover and test_vast_supervisor's outbid test compare
+    # with too (their bucket aside), so one uninterrupted reference serves all three.
+    plain = demo_config(tmp_path / "plain.yaml", max_steps=30)
     reference_run = demo_reference(tmp_path_factory, plain, demo_data)
 
     # Held asleep at steps 3 and 6 until stopped: the time-limit warning and the stop land
     # mid-run.
     pauses = [{"kind": "pause", "rank": r, "step": s} for s in (3, 6) for r in (0, 1)]
-    paused = demo_config(tmp_path / "paused.yaml", max_steps=20, extra={"faults": pauses})
+    paused = demo_config(tmp_path / "paused.yaml", max_steps=30, extra={"faults": pauses})
     deploy = ["deploy", "--host", "cluster", "--hosts-file", str(hosts), "--config", str(paused)]
     log = workdir / "runs" / "pair" / "logs" / "launch.log"
     started = time.monotonic()
