@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import json
-import signal
 import socket
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, parse_events, worker_env, write_advection
+from tests.conftest import parse_events, write_advection
 from tests.launch_helpers import (
     ALLREDUCE,
     PREEMPTED,
     RAISE_ON_RANK1,
     SEGFAULT_ON_RANK1,
     events_named,
-    launch_cmd,
     outcome_of,
     run_launch,
-    wait_for_event,
     write_script,
 )
 
@@ -150,27 +146,3 @@ def test_truncated_data_file_is_a_config_error_before_anything_starts(
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"tasks.0.path (advection): data file {str(data)!r}" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "runs" / "cut").exists()
-
-
-def test_sigterm_during_preflight_ends_with_an_outcome(tmp_path: Path) -> None:
-    """`docker stop` while preflight runs: launch exits 143 (128 + SIGTERM) with outcome
-    "failed" saying so, and torchrun never starts."""
-    script = write_script(tmp_path, "ok.py", ALLREDUCE)
-    run_dir = tmp_path / "runs" / "s1"
-    args = ("--script", str(script), "--output-dir", str(tmp_path / "runs"), "--run-id", "s1")
-    proc = subprocess.Popen(
-        launch_cmd(*args),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=worker_env(), cwd=REPO,
-    )  # fmt: skip
-    try:
-        # The all-reduce check alone takes seconds, so the signal lands inside preflight.
-        wait_for_event(run_dir / "logs" / "launch.log", "launch_plan", proc, timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 128 + signal.SIGTERM, out[-2000:]
-    assert "during preflight" in outcome_of(run_dir)["reason"]
-    assert _torchrun_never_started(run_dir)
