@@ -27,13 +27,26 @@ FAST_GATE = ("--preflight-skip", "allreduce")
 """The all-reduce check takes ~8 s here and is tested in the preflight suite."""
 
 
+CVD = """
+sys.stdout.write("CVD=" + os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + "\\n")
+"""
+"""Appended to :data:`ALLREDUCE`: the rank's CUDA_VISIBLE_DEVICES, in one write."""
+
+
 def test_script_success_tees_output_and_finishes(tmp_path: Path) -> None:
     """A script that all-reduces on 2 ranks: exit 0, every worker line in launch.log and on
-    stdout, outcome "finished", `latest` pointing at the run, and the outcome printed last."""
-    script = write_script(tmp_path, "ok.py", ALLREDUCE)
+    stdout, outcome "finished", `latest` pointing at the run, and the outcome printed last.
+    Launched with `--gpus 2,3`, which is the job's CUDA_VISIBLE_DEVICES in every worker (so
+    preflight, the default --nproc-per-node and the workers agree on the subset); a typo in
+    it is test_launch_ports' flag error."""
+    script = write_script(tmp_path, "ok.py", ALLREDUCE + CVD)
     out = tmp_path / "runs"
-    proc = run_launch("--script", str(script), "--output-dir", str(out), *FAST_GATE)
+    proc = run_launch(
+        "--script", str(script), "--output-dir", str(out), *FAST_GATE,
+        "--gpus", "2,3", "--nproc-per-node", "2",
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("CVD=2,3") == 2, proc.stdout[-3000:]
     run_dir = (out / "latest").resolve()
     reduced = events_named(proc.stdout, "allreduced")
     assert sorted(e["rank"] for e in reduced) == [0, 1]
