@@ -64,7 +64,9 @@ def test_three_launches_started_at_once_all_finish(
     all run preflight and train to "finished" on three different master ports (before,
     the second and third died with EADDRINUSE after preflight)."""
     port = _free_port()
-    config = make_config(distributed={"master_port": port})
+    config = make_config(  # a short run without W&B: the ports are the point, not training
+        distributed={"master_port": port}, training={"max_steps": 2}, wandb={"mode": "disabled"}
+    )
     env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
     procs = [
         subprocess.Popen(
