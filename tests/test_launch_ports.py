@@ -64,7 +64,9 @@ def test_three_launches_started_at_once_all_finish(
     all run preflight and train to "finished" on three different master ports (before,
     the second and third died with EADDRINUSE after preflight)."""
     port = _free_port()
-    config = make_config(distributed={"master_port": port})
+    config = make_config(  # a short run without W&B: the ports are the point, not training
+        distributed={"master_port": port}, training={"max_steps": 2}, wandb={"mode": "disabled"}
+    )
     env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
     procs = [
         subprocess.Popen(
@@ -89,23 +91,11 @@ def test_three_launches_started_at_once_all_finish(
 
 
 @pytest.mark.slow
-def test_gpus_flag_reaches_every_worker_and_rejects_typos(tmp_path: Path) -> None:
-    """`--gpus 2,3` is the job's CUDA_VISIBLE_DEVICES in every worker (so preflight, the
-    default --nproc-per-node and the workers agree on the subset); `--gpus 0,x` is a flag
-    error (exit 2) before anything starts."""
+def test_gpus_flag_rejects_typos(tmp_path: Path) -> None:
+    """`--gpus 0,x` is a flag error (exit 2) before anything starts. That `--gpus 2,3` is
+    every worker's CUDA_VISIBLE_DEVICES is test_launch_run's script success test."""
     script = tmp_path / "cvd.py"
-    script.write_text(
-        "import os\nprint('CVD=' + os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'), flush=True)\n"
-    )
-    out = tmp_path / "runs"
-    args = ["--script", str(script), "--output-dir", str(out), "--preflight-skip", "allreduce"]
-    ok = subprocess.run(
-        launch_cmd(*args, "--gpus", "2,3", "--nproc-per-node", "2"),
-        capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO,
-    )  # fmt: skip
-    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-2000:]
-    assert ok.stdout.count("CVD=2,3") == 2
-
+    script.write_text("print('never run')\n")
     bad_out = tmp_path / "bad"
     bad = subprocess.run(
         launch_cmd("--script", str(script), "--output-dir", str(bad_out), "--gpus", "0,x"),

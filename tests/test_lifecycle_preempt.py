@@ -77,7 +77,8 @@ def test_too_short_grace_keeps_the_previous_checkpoint_for_the_next_run(
 ) -> None:
     """stop_grace_s=3 and saves from step 3 on take 35 s: torchrun kills rank 0 mid-save;
     launch exits 143 (cause stopped), the step-2 checkpoint is intact and no temporary file
-    is left, and the same command resumes from it."""
+    is left, and the same command's plan (`--dry-run`) continues this run from it (that a
+    plan's resume is what the launch then does is the slow-checkpoint test above)."""
     cfg = make_config(
         training={"max_steps": 100_000, "epochs": 1000},
         checkpoint={"every_steps": 2},
@@ -99,6 +100,8 @@ def test_too_short_grace_keeps_the_previous_checkpoint_for_the_next_run(
     load_checkpoint(ckpts[0][1])  # verifies its SHA-256
     assert not [p for p in (run_dir / "checkpoints").iterdir() if ".tmp" in p.name]
 
-    again = run(str(tmp_path), str(cfg), "--skip-preflight", "--set", "training.max_steps=4")
-    assert again.returncode == 0, again.stdout[-3000:]
-    assert f"resuming run {run_dir.name} from step 2" in again.stdout
+    plan = run(str(tmp_path), str(cfg), "--skip-preflight", "--dry-run")
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-2000:]
+    planned = json.loads(plan.stdout)
+    assert planned["run_id"] == run_dir.name, planned
+    assert planned["resume"] is not None and planned["resume"]["step"] == 2, planned["resume"]
