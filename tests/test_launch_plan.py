@@ -376,3 +376,32 @@ def test_a_signal_during_the_wrap_up_keeps_how_the_run_ended(
         assert "SIGTERM arrived while ups launch wrapped up the run" in log
     else:
         assert (code, outcome.outcome, outcome.cause) == (143, "failed", "stopped")
+
+
+def test_a_signal_while_torchrun_starts_names_that_phase(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM in the moment between `torchrun_starting` and torchrun taking the signals
+    over (seen under load in test_lifecycle_signals) ends the run failed, 143, in phase
+    torchrun_start, saying torchrun was starting; not "while it wrapped up the run"."""
+    import signal
+
+    import ups.launch.execute as execute
+
+    plan = _plan(tmp_path, run_id="r2", skip_preflight=True)
+
+    def stopped_as_torchrun_starts(*_args: object, **_kwargs: object) -> None:
+        raise execute._Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(execute, "_run_on_a_free_port", stopped_as_torchrun_starts)
+    monkeypatch.setattr(execute, "sweep", lambda: None)
+    code = execute.execute(plan, None, gpu_count=0, console=io.StringIO(), render=False)
+    outcome = read_outcome(Path(plan.run_dir))
+    assert outcome is not None
+    assert (code, outcome.outcome, outcome.cause, outcome.phase) == (
+        143,
+        "failed",
+        "stopped",
+        "torchrun_start",
+    ), outcome
+    assert outcome.reason == "ups launch was stopped by SIGTERM while torchrun was starting"

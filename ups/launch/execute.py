@@ -387,6 +387,12 @@ def _attempts_of(
             first_resume = resume
         try:
             plan, result = _run_on_a_free_port(plan, tee, attempt=len(records) + 1)
+        except _Stopped as stop:  # before torchrun took the signals over: it was starting
+            reason = f"ups launch was stopped by {stop} while torchrun was starting"
+            return _fail(
+                plan, reason, 128 + stop.signum, cause="stopped", phase="torchrun_start",
+                sig=str(stop),
+            )  # fmt: skip
         except Exception as exc:
             reason = f"ups launch could not run torchrun: {type(exc).__name__}: {exc}"
             _fail(plan, reason, 1, cause="launch_error", phase="torchrun_start")
