@@ -26,13 +26,20 @@ At the end of a run the terminal summary lists the slowest tests, each with its 
 and the CPU seconds of its own processes (the test, its torchrun ranks, sshd sessions;
 not containers, whose processes the engine starts); scripts/test.sh prints them in its
 closing report.
+
+``UPS_TEST_TIMELINE=DIR`` makes each worker append one JSON line per test to
+``DIR/<worker pid>.jsonl`` (its node id, start and end): with the kernel's process
+accounting, ``scripts/cpu_by_test.py`` then charges every process of the run, containers
+and FAKE instances included, to the test it belongs to.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import resource
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +58,20 @@ SLOWEST = 15
 _measured: dict[str, float] = {}
 _cpu: dict[str, float] = {}
 _cpu_at_setup: float = 0.0
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``UPS_TEST_TIMELINE=DIR``: when this test ran, on which worker process."""
+    timeline = os.environ.get("UPS_TEST_TIMELINE")
+    start = time.time()
+    try:
+        return (yield)
+    finally:
+        if timeline:
+            line = {"pid": os.getpid(), "id": item.nodeid, "start": start, "end": time.time()}
+            with open(Path(timeline) / f"{os.getpid()}.jsonl", "a") as f:
+                f.write(json.dumps(line) + "\n")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
