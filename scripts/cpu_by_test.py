@@ -82,8 +82,9 @@ def read_timeline(directory: Path) -> list[Test]:
     return tests
 
 
-def charge(procs: list[Proc], tests: list[Test]) -> tuple[dict[str, float], dict[str, float],
-                                                          collections.Counter[str]]:  # fmt: skip
+def charge(
+    procs: list[Proc], tests: list[Test]
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """CPU-s per test (own processes), per test (own + a share of the orphans), and the
     processes of no test by command."""
     by_pid: dict[int, list[Proc]] = collections.defaultdict(list)
@@ -108,9 +109,9 @@ def charge(procs: list[Proc], tests: list[Test]) -> tuple[dict[str, float], dict
             p = parent(p)
         return None
 
-    own: dict[str, float] = collections.Counter()
-    shared: dict[str, float] = collections.Counter()
-    nobody: collections.Counter[str] = collections.Counter()
+    own: dict[str, float] = collections.defaultdict(float)
+    shared: dict[str, float] = collections.defaultdict(float)
+    nobody: dict[str, float] = collections.defaultdict(float)
     for p in procs:
         if p.pid in on_worker:
             continue  # a worker itself: its CPU is the in-process tests', not one test's
@@ -127,9 +128,10 @@ def charge(procs: list[Proc], tests: list[Test]) -> tuple[dict[str, float], dict
             continue
         for test in running:
             shared[test] += p.cpu_s / len(running)
-    total = collections.Counter(own)
-    total.update(shared)
-    return dict(own), dict(total), nobody
+    total = dict(own)
+    for test, seconds in shared.items():
+        total[test] = total.get(test, 0.0) + seconds
+    return dict(own), total, dict(nobody)
 
 
 def main() -> None:
@@ -142,21 +144,25 @@ def main() -> None:
     if not tests:
         raise SystemExit(f"{args.timeline}: no *.jsonl (run pytest with UPS_TEST_TIMELINE set)")
     own, total, nobody = charge(procs, tests)
-    by_comm: collections.Counter[str] = collections.Counter()
+    by_comm: dict[str, float] = collections.defaultdict(float)
     for p in procs:
         by_comm[p.comm] += p.cpu_s
+
+    def most(counts: dict[str, float], n: int) -> list[tuple[str, float]]:
+        return sorted(counts.items(), key=lambda kv: -kv[1])[:n]
+
     print(f"{sum(p.cpu_s for p in procs):.0f} CPU-s in {len(procs)} processes; "
           f"{sum(total.values()):.0f} charged to {len(total)} tests")  # fmt: skip
-    print("by command:", ", ".join(f"{c} {s:.0f}" for c, s in by_comm.most_common(8)))
-    print("of no test:", ", ".join(f"{c} {s:.0f}" for c, s in nobody.most_common(8)))
+    print("by command:", ", ".join(f"{c} {s:.0f}" for c, s in most(by_comm, 8)))
+    print("of no test:", ", ".join(f"{c} {s:.0f}" for c, s in most(nobody, 8)))
     print(f"\n{'CPU-s':>7} {'own':>7}  test (own: processes descending from its worker)")
-    for test, seconds in sorted(total.items(), key=lambda kv: -kv[1])[: args.top]:
+    for test, seconds in most(total, args.top):
         print(f"{seconds:7.1f} {own.get(test, 0.0):7.1f}  {test}")
-    modules: collections.Counter[str] = collections.Counter()
+    modules: dict[str, float] = collections.defaultdict(float)
     for test, seconds in total.items():
         modules[test.split("::")[0]] += seconds
     print(f"\n{'CPU-s':>7}  module")
-    for module, seconds in modules.most_common(args.top):
+    for module, seconds in most(modules, args.top):
         print(f"{seconds:7.1f}  {module}")
 
 
