@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # uv, as pinned in pyproject.toml's dev extras (one place for its version).
 UV_VERSION = $(shell sed -n 's/^ *"uv==\([0-9.]*\)",.*/\1/p' pyproject.toml)
 
-.PHONY: venv demo try-deploy test test-fast test-durations lint bench clean docs docs-check
+.PHONY: venv demo try-deploy test test-fast test-durations lint bench clean docs docs-check uv-version
 
 $(STAMP): pyproject.toml
 	# A venv cut short (Ctrl-C during its creation) has python but no pip: make it anew.
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The uv version above, for scripts/torch-range.sh (one place reads it).
+uv-version:
+	@echo $(UV_VERSION)
 
 demo: $(STAMP)
 	$(BIN)/ups demo

@@ -53,7 +53,7 @@ if not in_supported_range(sys.argv[1].replace("*", "0")):
     # uv (the version the dev extras pin) does the installing: about 3 GB of wheels, which
     # pip unpacked with 112 CPU-seconds, in the background of a CPU-bound test run.
     # Bytecode compiled at install, as pip does.
-    env "$@" "$venv/bin/pip" install --quiet "uv==$(sed -n 's/^ *"uv==\([0-9.]*\)",.*/\1/p' pyproject.toml)"
+    env "$@" "$venv/bin/pip" install --quiet "uv==$(make --no-print-directory -s uv-version)"
     local uv=("$venv/bin/uv" pip install --quiet --compile-bytecode --python "$venv/bin/python")
     env "$@" "${uv[@]}" "torch==$spec"
     # The same extras as `make venv`; uv keeps the torch above (it is inside the range).
