@@ -97,4 +97,7 @@ def test_port_taken_after_preflight_moves_to_a_fresh_port(tmp_path: Path) -> Non
     assert {e["master_port"] for e in done} == {str(switched[0]["port"])}
     assert sorted(e["sum"] for e in done) == [3.0, 3.0]
     assert "Traceback" not in out and "EADDRINUSE" not in out
-    assert not [e for e in events if e.get("level") in ("warning", "error")], out
+    # No warning from the switch; preflight's own rows are this host's (CI's machine once
+    # had under 10 GiB free, and the disk row warned).
+    noise = [e for e in events if e["event"] != "preflight_check"]
+    assert not [e for e in noise if e.get("level") in ("warning", "error")], out

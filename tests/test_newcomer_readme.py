@@ -18,6 +18,7 @@ import yaml
 
 from tests.deploy_fixtures import demo_data, free_port
 from tests.repo_scripts import captures
+from ups.preflight.checks.disk import WARN_FREE
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -73,6 +74,17 @@ def _workspace(tmp_path: Path, data: Path) -> Path:
     return work
 
 
+def _beyond_this_hosts_disk(differences: list[str], work: Path) -> list[str]:
+    """The differences left once the one row that is this host's own is allowed: the disk
+    check warns below WARN_FREE free (CI's machine once had 9.1 GiB), where the docs'
+    machine had room. Only that status, only when this host really is that full."""
+    free = shutil.disk_usage(work).free
+    if free >= WARN_FREE:
+        return differences
+    own = re.compile(r"/ ups: disk \| WARN \| .* \| .* free at runs \(output_dir\); a long run")
+    return [d for d in differences if not own.search(d)]
+
+
 @pytest.mark.slow
 def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_path: Path) -> None:
     """`source .venv/bin/activate` then the next three commands of docs/get-started.md, each
@@ -101,7 +113,7 @@ def test_readme_first_three_commands_work_in_a_new_shell(demo_data: Path, tmp_pa
     # The preflight capture (docs/preflight.md) is this command's table, numbers aside.
     capture = captures()
     assert commands[2] == capture.PREFLIGHT_COMMAND
-    assert capture.check("preflight", preflight) == [], (
+    assert _beyond_this_hosts_disk(capture.check("preflight", preflight), work) == [], (
         "the docs' preflight capture is not what ups prints: "
         "run `.venv/bin/python scripts/captures.py preflight`"
     )
