@@ -72,14 +72,15 @@ def _torch_version(python: Path) -> str:
 def test_pyproject_declares_the_supported_range_and_make_venv_the_pin() -> None:
     """pyproject.toml's torch requirement is ups.torchcompat's range, which holds the pinned
     release; `make venv` installs exactly the pinned release first (its CPU wheel lies on
-    this machine's index), so nothing pulls a CUDA build into the main venv."""
+    this machine's index, handed to uv from pip's configuration), in the same resolution as
+    the dev extras, so nothing pulls a CUDA build into the main venv."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     torch_req = [d for d in project["dependencies"] if re.match(r"torch\b", d)]
     assert torch_req == [f"torch{supported_range_text()}"]
     assert supported_range_text() == ">=2.11,<2.16"
     pin = tomllib.loads((REPO / "pins.toml").read_text())["versions"]["torch"]
     assert in_supported_range(pin)
-    assert f'$(BIN)/pip install --quiet "torch=={pin}"' in (REPO / "Makefile").read_text()
+    assert f'"torch=={pin}" -e ".[dev]"' in (REPO / "Makefile").read_text()
 
 
 def test_each_feature_is_chosen_by_what_this_torch_has() -> None:
