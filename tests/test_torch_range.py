@@ -71,7 +71,7 @@ def _torch_version(python: Path) -> str:
 
 def test_pyproject_declares_the_supported_range_and_make_venv_the_pin() -> None:
     """pyproject.toml's torch requirement is ups.torchcompat's range, which holds the pinned
-    release; `make venv` installs exactly the pinned release first (its CPU wheel lies on
+    release; `make venv` installs exactly the pinned release (its CPU wheel lies on
     this machine's index, handed to uv from pip's configuration), in the same resolution as
     the dev extras, so nothing pulls a CUDA build into the main venv."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
