@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import parse_events, write_advection
+from tests.conftest import made_once_per_run, parse_events, write_advection
 from tests.launch_helpers import (
     ALLREDUCE,
     PREEMPTED,
@@ -33,21 +34,51 @@ sys.stdout.write("CVD=" + os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + "\\n
 """Appended to :data:`ALLREDUCE`: the rank's CUDA_VISIBLE_DEVICES, in one write."""
 
 
-def test_script_success_tees_output_and_finishes(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Launched:
+    """A finished `ups launch` that several tests read."""
+
+    out: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    held_port: int
+
+
+def _allreduce_run(factory: pytest.TempPathFactory) -> Launched:
+    """One successful run of a script that all-reduces on 2 ranks, read by the next two tests
+    (made once per test run): with preflight (bar the all-reduce check), `--gpus 2,3`, and a
+    `--master-port` that a real socket holds for as long as the launch runs."""
+
+    def launch(root: Path) -> None:
+        script = write_script(root, "ok.py", ALLREDUCE + CVD)
+        with socket.socket() as held:
+            held.bind(("0.0.0.0", 0))
+            held.listen()
+            port = held.getsockname()[1]
+            proc = run_launch(
+                "--script", str(script), "--output-dir", str(root / "runs"), *FAST_GATE,
+                "--gpus", "2,3", "--nproc-per-node", "2", "--master-port", str(port),
+            )  # fmt: skip
+        (root / "launched.json").write_text(
+            json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
+                        "stderr": proc.stderr, "held_port": port})
+        )  # fmt: skip
+
+    root = made_once_per_run(factory, "launch-run-allreduce", launch)
+    return Launched(out=root / "runs", **json.loads((root / "launched.json").read_text()))
+
+
+def test_script_success_tees_output_and_finishes(tmp_path_factory: pytest.TempPathFactory) -> None:
     """A script that all-reduces on 2 ranks: exit 0, every worker line in launch.log and on
     stdout, outcome "finished", `latest` pointing at the run, and the outcome printed last.
     Launched with `--gpus 2,3`, which is the job's CUDA_VISIBLE_DEVICES in every worker (so
     preflight, the default --nproc-per-node and the workers agree on the subset); a typo in
-    it is test_launch_ports' flag error."""
-    script = write_script(tmp_path, "ok.py", ALLREDUCE + CVD)
-    out = tmp_path / "runs"
-    proc = run_launch(
-        "--script", str(script), "--output-dir", str(out), *FAST_GATE,
-        "--gpus", "2,3", "--nproc-per-node", "2",
-    )  # fmt: skip
+    it is test_launch_ports' flag error. (Its master port is held: the next test's run.)"""
+    proc = _allreduce_run(tmp_path_factory)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("CVD=2,3") == 2, proc.stdout[-3000:]
-    run_dir = (out / "latest").resolve()
+    run_dir = (proc.out / "latest").resolve()
     reduced = events_named(proc.stdout, "allreduced")
     assert sorted(e["rank"] for e in reduced) == [0, 1]
     assert all(e["sum"] == 3.0 and e["run_id"] == run_dir.name for e in reduced)
@@ -60,18 +91,13 @@ def test_script_success_tees_output_and_finishes(tmp_path: Path) -> None:
     assert Path(last["run_dir"]).resolve() == run_dir
 
 
-def test_taken_master_port_is_replaced_and_the_run_succeeds(tmp_path: Path) -> None:
+def test_taken_master_port_is_replaced_and_the_run_succeeds(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """The configured master port is held by a real socket: launch logs the switch, the
-    workers rendezvous on another port, and the run finishes."""
-    script = write_script(tmp_path, "ok.py", ALLREDUCE)
-    with socket.socket() as held:
-        held.bind(("0.0.0.0", 0))
-        held.listen()
-        port = held.getsockname()[1]
-        proc = run_launch(
-            "--script", str(script), "--output-dir", str(tmp_path / "runs"),
-            "--master-port", str(port), "--skip-preflight",
-        )  # fmt: skip
+    workers rendezvous on another port, and the run finishes (the previous test's run)."""
+    proc = _allreduce_run(tmp_path_factory)
+    port = proc.held_port
     assert proc.returncode == 0, proc.stdout + proc.stderr
     switched = events_named(proc.stdout, "master_port_switched")
     assert switched and switched[0]["port"] != port
