@@ -54,22 +54,6 @@ dist.barrier()
 """
 
 
-PREEMPTED = """
-import json, os, sys
-from pathlib import Path
-import torch.distributed as dist
-dist.init_process_group("gloo")
-if dist.get_rank() == 0:
-    run_dir = Path(os.environ["UPS_RUN_DIR"])
-    (run_dir / "outcome.json").write_text(json.dumps({
-        "run_id": os.environ["UPS_RUN_ID"], "outcome": "preempted", "exit_code": 75,
-        "reason": "SIGTERM received; checkpoint written"}))
-dist.barrier()
-dist.destroy_process_group()
-sys.exit(75)
-"""
-
-
 def write_script(tmp_path: Path, name: str, body: str) -> Path:
     path = tmp_path / name
     path.write_text(body)
