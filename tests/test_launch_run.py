@@ -6,6 +6,7 @@ asserts it (with launch's end line), so no launch here repeats it."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,14 @@ sys.stdout.write("CVD=" + os.environ.get("CUDA_VISIBLE_DEVICES", "unset") + "\\n
 """
 """Appended to :data:`ALLREDUCE`: the rank's CUDA_VISIBLE_DEVICES, in one write."""
 
+PRINTED_LINES = 20_000
+PRINTS = f"""
+rank, pad = os.environ["RANK"], "x" * 60
+for i in range({PRINTED_LINES}):
+    print(f"r{{rank}} {{i:06d}} {{pad}}")
+"""
+"""Appended after :data:`CVD`: each rank print()s (two writes per line) this many lines."""
+
 
 @dataclass(frozen=True)
 class Launched:
@@ -48,12 +57,13 @@ class Launched:
 
 
 def _allreduce_run(factory: pytest.TempPathFactory) -> Launched:
-    """One successful run of a script that all-reduces on 2 ranks, read by the next two tests
-    (made once per test run): with preflight (bar the all-reduce check), `--gpus 2,3`, and a
-    `--master-port` that a real socket holds for as long as the launch runs."""
+    """One successful run of a script that all-reduces on 2 ranks and then print()s
+    :data:`PRINTED_LINES` lines on each, read by the next three tests (made once per test
+    run): with preflight (bar the all-reduce check), `--gpus 2,3`, and a `--master-port`
+    that a real socket holds for as long as the launch runs."""
 
     def launch(root: Path) -> None:
-        script = write_script(root, "ok.py", ALLREDUCE + CVD)
+        script = write_script(root, "ok.py", ALLREDUCE + CVD + PRINTS)
         with socket.socket() as held:
             held.bind(("0.0.0.0", 0))
             held.listen()
@@ -76,9 +86,10 @@ def test_script_success_tees_output_and_finishes(tmp_path_factory: pytest.TempPa
     stdout, outcome "finished", `latest` pointing at the run, and the outcome printed last.
     Launched with `--gpus 2,3`, which is the job's CUDA_VISIBLE_DEVICES in every worker (so
     preflight, the default --nproc-per-node and the workers agree on the subset); a typo in
-    it is test_launch_ports' flag error. (Its master port is held: the next test's run.)"""
+    it is test_launch_ports' flag error. (Its master port is held and its ranks print a flood
+    of lines: the next tests' run.)"""
     proc = _allreduce_run(tmp_path_factory)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("CVD=2,3") == 2, proc.stdout[-3000:]
     run_dir = (proc.out / "latest").resolve()
     reduced = events_named(proc.stdout, "allreduced")
@@ -100,11 +111,28 @@ def test_taken_master_port_is_replaced_and_the_run_succeeds(
     workers rendezvous on another port, and the run finishes (the previous test's run)."""
     proc = _allreduce_run(tmp_path_factory)
     port = proc.held_port
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     switched = events_named(proc.stdout, "master_port_switched")
     assert switched and switched[0]["port"] != port
     ports = {int(e["master_port"]) for e in events_named(proc.stdout, "allreduced")}
     assert ports == {switched[0]["port"]}
+
+
+def test_two_ranks_printing_never_share_a_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two ranks print() 20,000 lines each: every line reaches stdout and launch.log whole
+    (one rank's line, nothing glued to it), and none is lost (the success test's run)."""
+    result = _allreduce_run(tmp_path_factory)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    pattern = re.compile(r"^r([01]) (\d{6}) x{60}$")
+    for name, text in [
+        ("stdout", result.stdout),
+        ("launch.log", (result.out / "latest" / "logs" / "launch.log").read_text()),
+    ]:
+        rank_lines = [line for line in text.splitlines() if "xxxxxxxxxx" in line]
+        whole = [m.groups() for line in rank_lines if (m := pattern.match(line))]
+        assert len(whole) == len(rank_lines), f"{name}: {len(rank_lines) - len(whole)} corrupt"
+        n = PRINTED_LINES
+        assert len(set(whole)) == 2 * n, f"{name}: {2 * n - len(set(whole))} missing"
 
 
 def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
