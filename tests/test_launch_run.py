@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ class Launched:
     returncode: int
     stdout: str
     stderr: str
-    held_port: int
+    held_port: int | None
 
 
 def _allreduce_run(factory: pytest.TempPathFactory) -> Launched:
@@ -72,12 +73,19 @@ def _allreduce_run(factory: pytest.TempPathFactory) -> Launched:
                 "--script", str(script), "--output-dir", str(root / "runs"), *FAST_GATE,
                 "--gpus", "2,3", "--nproc-per-node", "2", "--master-port", str(port),
             )  # fmt: skip
-        (root / "launched.json").write_text(
-            json.dumps({"returncode": proc.returncode, "stdout": proc.stdout,
-                        "stderr": proc.stderr, "held_port": port})
-        )  # fmt: skip
+        _keep(root, proc, held_port=port)
 
-    root = made_once_per_run(factory, "launch-run-allreduce", launch)
+    return _kept(made_once_per_run(factory, "launch-run-allreduce", launch))
+
+
+def _keep(root: Path, proc: subprocess.CompletedProcess[str], held_port: int | None = None) -> None:
+    """What the tests read of a launch made once per test run, beside its run directory."""
+    kept = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "held_port": held_port}  # fmt: skip
+    (root / "launched.json").write_text(json.dumps(kept))
+
+
+def _kept(root: Path) -> Launched:
     return Launched(out=root / "runs", **json.loads((root / "launched.json").read_text()))
 
 
@@ -111,6 +119,7 @@ def test_taken_master_port_is_replaced_and_the_run_succeeds(
     workers rendezvous on another port, and the run finishes (the previous test's run)."""
     proc = _allreduce_run(tmp_path_factory)
     port = proc.held_port
+    assert port is not None
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     switched = events_named(proc.stdout, "master_port_switched")
     assert switched and switched[0]["port"] != port
@@ -150,20 +159,46 @@ def test_failing_rank_is_named_with_its_exception(tmp_path: Path) -> None:
     assert "finished" not in proc.stdout.strip().splitlines()[-1]
 
 
-def test_segfault_is_named_with_its_signal(tmp_path: Path) -> None:
+def _segfault_run(factory: pytest.TempPathFactory) -> Launched:
+    """One run of a script whose rank 1 dies of SIGSEGV, read by the next two tests (made
+    once per test run)."""
+
+    def launch(root: Path) -> None:
+        script = write_script(root, "segv.py", SEGFAULT_ON_RANK1)
+        _keep(root, run_launch("--script", str(script), "--output-dir", str(root / "runs"),
+                               "--skip-preflight"))  # fmt: skip
+
+    return _kept(made_once_per_run(factory, "launch-run-segfault", launch))
+
+
+def test_segfault_is_named_with_its_signal(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Rank 1 dies of SIGSEGV without writing anything: outcome.json names rank 1 and
     SIGSEGV, and the faulthandler stack is in launch.log."""
-    script = write_script(tmp_path, "segv.py", SEGFAULT_ON_RANK1)
-    out = tmp_path / "runs"
-    proc = run_launch("--script", str(script), "--output-dir", str(out), "--skip-preflight")
+    proc = _segfault_run(tmp_path_factory)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    run_dir = (out / "latest").resolve()
+    run_dir = (proc.out / "latest").resolve()
     outcome = outcome_of(run_dir)
     assert (outcome["failed_rank"], outcome["signal"]) == (1, "SIGSEGV"), outcome
     assert "rank 1 died with SIGSEGV" in outcome["reason"]
     log_text = (run_dir / "logs" / "launch.log").read_text()
     assert "Fatal Python error: Segmentation fault" in log_text
     assert "segv.py" in log_text
+
+
+def test_script_killed_rank_hint_promises_no_checkpoint(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A script's rank dies by a signal (cause rank_signal, retryable: SIGSEGV here, the
+    previous test's run; SIGKILL, the OOM killer's, is the same cause): the hint says running
+    the command again starts the script again; ups has no checkpoint of a script to
+    continue from."""
+    result = _segfault_run(tmp_path_factory)
+    assert result.returncode != 0
+    end = parse_events(result.stdout)[-1]
+    assert (end["event"], end["outcome"]) == ("run_ended", "failed"), end
+    assert end["resume"] == "run the same command again to start the script again"
+    assert "checkpoint" not in json.dumps(end)
+    assert outcome_of(result.out / "latest")["phase"] == "script"
 
 
 def _torchrun_never_started(run_dir: Path) -> bool:
