@@ -37,6 +37,11 @@ __all__ = ["s3_server"]  # fixture used by name below
 pytestmark = pytest.mark.slow
 
 
+NO_WANDB = {"mode": "disabled"}
+"""For the runs whose checks are the checkpoints alone: W&B's start (about 2 CPU-s) buys them
+nothing. The W&B directory's upload is the first test's (W&B offline, as users run it)."""
+
+
 def _sync(server: S3Server, **extra: Any) -> dict[str, Any]:
     return {"url": server.url(), "endpoint_url": server.endpoint_url, **extra}
 
@@ -136,6 +141,7 @@ def test_sharded_checkpoints_go_up_with_their_manifest_last(
         run={"output_dir": str(tmp_path / "a"), "run_id": "sharded"},
         checkpoint={"every_steps": 4, "keep_last": 2},
         checkpoint_sync=_sync(s3_server),
+        wandb=NO_WANDB,
     )
     done = torchrun(cfg, env=s3_server.client_env())
     assert done.returncode == 0, done.stderr[-3000:]
@@ -183,6 +189,7 @@ def test_an_unreachable_bucket_never_stops_training_and_uploads_catch_up(
         run={"output_dir": str(tmp_path / "runs"), "run_id": "outage"},
         checkpoint={"every_steps": 5, "keep_last": 2},
         checkpoint_sync=_sync(s3_server),
+        wandb=NO_WANDB,
     )
     run_dir = tmp_path / "runs" / "outage"
     cmd = [
