@@ -6,9 +6,14 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tests.conftest import PYTHON, REPO, parse_events, worker_env
+import pytest
+
+from tests.conftest import PYTHON, REPO, made_once_per_run, parse_events, worker_env
+
+if TYPE_CHECKING:
+    import torch
 
 ALLREDUCE = """
 import json, os, sys
@@ -46,21 +51,6 @@ dist.init_process_group("gloo")
 if dist.get_rank() == 1:
     os.kill(os.getpid(), signal.SIGSEGV)
 dist.barrier()
-"""
-
-PREEMPTED = """
-import json, os, sys
-from pathlib import Path
-import torch.distributed as dist
-dist.init_process_group("gloo")
-if dist.get_rank() == 0:
-    run_dir = Path(os.environ["UPS_RUN_DIR"])
-    (run_dir / "outcome.json").write_text(json.dumps({
-        "run_id": os.environ["UPS_RUN_ID"], "outcome": "preempted", "exit_code": 75,
-        "reason": "SIGTERM received; checkpoint written"}))
-dist.barrier()
-dist.destroy_process_group()
-sys.exit(75)
 """
 
 
@@ -104,3 +94,25 @@ def wait_for_event(path: Path, name: str, proc: subprocess.Popen[str], timeout: 
         assert proc.poll() is None, "launch ended before the event appeared"
         time.sleep(0.2)  # polling a file another process writes; not synchronisation by sleep
     raise AssertionError(f"no {name!r} event in {path} within {timeout} s")
+
+
+def ddp_script_reference(factory: pytest.TempPathFactory, steps: int) -> dict[str, torch.Tensor]:
+    """The final weights of examples/ddp/train.py trained ``steps`` steps uninterrupted on 2
+    ranks under `ups launch --run-file`: what a stopped and resumed run of that script (or of
+    the Lightning and Accelerate recipes, which compute the same) must end equal to. Made
+    once per test run for each ``steps`` and shared by every test that compares with it
+    (where checkpoints are saved or uploaded changes nothing computed)."""
+
+    def train(root: Path) -> None:
+        done = run_launch(
+            "--run-file", str(REPO / "examples" / "ddp" / "ups-run.yaml"), "--skip-preflight",
+            "--output-dir", str(root / "runs"), "--run-id", "whole",
+            "--", "--steps", str(steps), "--save-every", "4", "--out", str(root / "whole.pt"),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+    import torch
+
+    root = made_once_per_run(factory, f"ddp-script-reference-{steps}", train)
+    weights: dict[str, torch.Tensor] = torch.load(root / "whole.pt", weights_only=True)
+    return weights

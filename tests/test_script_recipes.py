@@ -6,8 +6,9 @@ committed, to final weights equal to an uninterrupted run's. Accelerate under ``
 between the two deploys. The three recipes train the same model on the same data with the
 same optimizer and end bit-identical, so the uninterrupted run is the plain-DDP one
 (examples/ddp, which imports neither library: the cheapest), trained once per test run
-for both tests; the plain-DDP recipe's own stop-and-resume proof is
-tests/test_script_deploy.py's.
+for both tests and tests/test_checkpoint_sync.py's script test
+(``tests.launch_helpers.ddp_script_reference``); the plain-DDP recipe's own
+stop-and-resume proof is tests/test_script_deploy.py's.
 """
 
 from __future__ import annotations
@@ -23,20 +24,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, made_once_per_run, worker_env
+from tests.conftest import REPO, worker_env
 from tests.deploy_fixtures import SshServer, fab, sshd
-from tests.launch_helpers import launch_cmd, outcome_of
+from tests.launch_helpers import ddp_script_reference, launch_cmd, outcome_of
 
 __all__ = ["sshd"]  # a fixture used by name below
 
 pytestmark = pytest.mark.slow
+
+STEPS = 10
+"""Every run here trains this many steps (the shared reference's too)."""
 
 
 def _launch(recipe: str, runs: Path, run_id: str, *script_args: str) -> subprocess.Popen[str]:
     run_file = REPO / "examples" / recipe / "ups-run.yaml"
     argv = launch_cmd(
         "--run-file", str(run_file), "--skip-preflight", "--output-dir", str(runs),
-        "--run-id", run_id, "--", "--steps", "10", "--save-every", "4", *script_args,
+        "--run-id", run_id, "--", "--steps", str(STEPS), "--save-every", "4", *script_args,
     )  # fmt: skip
     return subprocess.Popen(
         argv,
@@ -53,19 +57,6 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 240) -> tuple[int, str
     return proc.returncode, out
 
 
-def _reference(factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The uninterrupted run's final weights (plain DDP: the same as every recipe's), made
-    once per test run and shared by both tests."""
-
-    def train(root: Path) -> None:
-        code, out = _finish(_launch("ddp", root / "runs", "whole", "--out", str(root / "whole.pt")))
-        assert code == 0, out[-3000:]
-
-    root = made_once_per_run(factory, "script-recipes-reference", train)
-    weights: dict[str, torch.Tensor] = torch.load(root / "whole.pt")
-    return weights
-
-
 def _wait_for(path: Path, text: str, alive: Callable[[], bool], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not (path.exists() and text in path.read_text(errors="replace")):
@@ -78,7 +69,7 @@ def test_recipe_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
     recipe: str, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     runs = tmp_path / "runs"
-    whole = _reference(tmp_path_factory)
+    whole = ddp_script_reference(tmp_path_factory, STEPS)
 
     stopped = _launch(recipe, runs, "cut", "--pause-at", "6", "--out", str(tmp_path / "cut.pt"))
     log = runs / "cut" / "logs" / "launch.log"
@@ -104,9 +95,9 @@ def test_recipe_stopped_by_sigterm_resumes_to_the_uninterrupted_weights(
     assert all(torch.equal(whole[k], cut[k]) for k in whole)
 
 
-LIGHTNING_RUN_FILE = """\
+LIGHTNING_RUN_FILE = f"""\
 script: train.py
-args: [--steps, "10", --save-every, "4", --out, final.pt]
+args: [--steps, "{STEPS}", --save-every, "4", --out, final.pt]
 checkpoint_dir: ckpts
 outputs: [lightning_logs]
 exclude: [ckpts, lightning_logs, "*.pt"]
@@ -124,7 +115,7 @@ def test_lightning_stopped_mid_fit_through_fab_deploy_comes_home_and_resumes(
     checkpoint_dir) and Lightning's lightning_logs/ (its `outputs`) home, byte for byte;
     the same deploy again continues the run from it to weights `torch.equal` to an
     uninterrupted run's."""
-    whole = _reference(tmp_path_factory)
+    whole = ddp_script_reference(tmp_path_factory, STEPS)
     proj = tmp_path / "proj"
     proj.mkdir()
     shutil.copy(REPO / "examples" / "lightning" / "train.py", proj / "train.py")
@@ -133,7 +124,7 @@ def test_lightning_stopped_mid_fit_through_fab_deploy_comes_home_and_resumes(
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
     on = ["--host", "test", "--hosts-file", str(hosts)]
     deploy = ["deploy", *on, "--skip-preflight", "--run-file", str(proj / "ups-run.yaml")]
-    held = "--script-args=--steps 10 --save-every 4 --out final.pt --pause-at 6"
+    held = f"--script-args=--steps {STEPS} --save-every 4 --out final.pt --pause-at 6"
 
     started = fab(*deploy, held, "--detach")
     assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-2000:]
