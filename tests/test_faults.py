@@ -62,9 +62,9 @@ def test_too_many_consecutive_skips_fails_clearly(tiny_data, tmp_path_factory):
     (:func:`consecutive_skips_run`) rank 1's OOM at step 2 is the first of two skips in a
     row, and the run then fails on every rank at the limit."""
     result = consecutive_skips_run(tmp_path_factory, tiny_data)
-    assert result.returncode != 0
-    run_dir = only_run_dir(result.output_dir)
     assert_skip_counted(result, 2)
+    assert result.returncode != 0, "two skips in a row did not fail the run"
+    run_dir = only_run_dir(result.output_dir)
     outcome = read_outcome(run_dir)
     assert outcome is not None and outcome.outcome == "failed"
     assert "max_consecutive_skips=2" in outcome.reason

@@ -174,8 +174,8 @@ def test_nonfinite_skips_count_against_the_consecutive_limit(tiny_data, tmp_path
     (:func:`consecutive_skips_run`) rank 0's NaN at step 3 is the second skip in a row, so
     the run fails, naming the limit and the fix."""
     result = consecutive_skips_run(tmp_path_factory, tiny_data)
-    assert result.returncode != 0
     assert_skip_counted(result, 3)
+    assert result.returncode != 0, "two skips in a row did not fail the run"
     outcome = strict_json(only_run_dir(result.output_dir) / "outcome.json")
     assert outcome["outcome"] == "failed" and outcome["exit_code"] == EXIT_FAILED
     assert "max_consecutive_skips=2" in outcome["reason"] and "training.lr" in outcome["reason"]
