@@ -1,6 +1,7 @@
 """Helpers for the lifecycle tests: `ups launch` with a marker in its environment, so
 every process it started can be found afterwards, wherever it was re-parented; and the
-launch of a plain finishing run that several tests read (:func:`finished_launch`)."""
+launches that several tests read, each made once per test run (:func:`shared_launch`: a
+plain finishing run, a crashed one, a diverged one)."""
 
 from __future__ import annotations
 
@@ -118,13 +119,51 @@ def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float, **match: A
 @dataclass
 class Launched:
     """What one `ups launch` printed and left: its exit code, stdout and stderr (pipes, so
-    JSON lines), the processes that outlived it, its output directory."""
+    JSON lines), the processes that outlived it, its output directory; the config it ran
+    and how long it took (wall seconds), for the launches :func:`shared_launch` makes."""
 
     output_dir: Path
     returncode: int
     stdout: str
     stderr: str
     survivors: list[str]
+    config: Path
+    seconds: float
+
+
+def shared_launch(
+    factory: pytest.TempPathFactory,
+    name: str,
+    config: dict[str, Any],
+    *args: str,
+    env: Mapping[str, str] | None = None,
+) -> Launched:
+    """`ups launch CONFIG ARGS` of ``config`` (its ``run.output_dir`` is replaced by the
+    shared directory's ``runs``), stdout and stderr pipes, ``env`` added: made once per
+    test run under ``name`` and read by every test that checks that run (tests in several
+    modules may check different things about one launch). Read-only: a test that continues
+    the run works on a copy of its output directory."""
+
+    def launch(root: Path) -> None:
+        path = root / "config.yaml"
+        run_section = {**config["run"], "output_dir": str(root / "runs")}
+        path.write_text(yaml.safe_dump({**config, "run": run_section}))
+        marker = str(root)
+        started = time.monotonic()
+        done = subprocess.run(
+            launch_cmd(str(path), *args),
+            capture_output=True, text=True, timeout=400, env=launch_env(marker, env), cwd=REPO,
+        )  # fmt: skip
+        seconds = time.monotonic() - started
+        (root / "launched.json").write_text(json.dumps({
+            "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
+            "survivors": survivors_after(marker), "seconds": seconds,
+        }))  # fmt: skip
+
+    root = made_once_per_run(factory, name, launch)
+    got = json.loads((root / "launched.json").read_text())
+    return Launched(root / "runs", got["returncode"], got["stdout"], got["stderr"],
+                    got["survivors"], root / "config.yaml", got["seconds"])  # fmt: skip
 
 
 FINISHED_RUN_ID = "ws"
@@ -142,21 +181,34 @@ def finished_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path])
     (preflight before the trainer: tests/test_launch_ports.py). Made once per test run and
     read by every test that checks such a run; a test that continues it works on a copy of
     its output directory."""
+    config = finished_config(Path("runs"), tiny_data)
+    return shared_launch(factory, "finished-launch", config,
+                         "--run-id", FINISHED_RUN_ID, "--skip-preflight")  # fmt: skip
 
-    def launch(root: Path) -> None:
-        config = root / "config.yaml"
-        config.write_text(yaml.safe_dump(finished_config(root / "runs", tiny_data)))
-        marker = str(root)
-        done = subprocess.run(
-            launch_cmd(str(config), "--run-id", FINISHED_RUN_ID, "--skip-preflight"),
-            capture_output=True, text=True, timeout=400, env=launch_env(marker), cwd=REPO,
-        )  # fmt: skip
-        (root / "launched.json").write_text(json.dumps({
-            "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr,
-            "survivors": survivors_after(marker),
-        }))  # fmt: skip
 
-    root = made_once_per_run(factory, "finished-launch", launch)
-    got = json.loads((root / "launched.json").read_text())
-    return Launched(root / "runs", got["returncode"], got["stdout"], got["stderr"],
-                    got["survivors"])  # fmt: skip
+CRASH_STEP = 5
+"""The step at which :func:`crashed_launch`'s rank 1 raises."""
+
+
+def crashed_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) -> Launched:
+    """`ups launch CONFIG --skip-preflight --max-restarts 2` of 10 steps with a checkpoint
+    every 2, where rank 1 raises a Python exception at step :data:`CRASH_STEP`
+    (``exception@1:5``): the deterministic crash of one rank (tests/test_faults.py reads
+    what the trainer says about it, tests/test_lifecycle_restart.py what launch does after
+    it). Made once per test run; read-only."""
+    config = tiny_config(Path("runs"), tiny_data, training={"max_steps": 10},
+                         checkpoint={"every_steps": 2})  # fmt: skip
+    return shared_launch(factory, "crashed-launch", config, "--skip-preflight",
+                         "--max-restarts", "2",
+                         env={"UPS_FAULTS": f"exception@1:{CRASH_STEP}"})  # fmt: skip
+
+
+def diverged_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) -> Launched:
+    """`ups launch CONFIG --skip-preflight --max-restarts 2 --set training.lr=1e6` of 20
+    steps with a checkpoint every 2: the run whose loss diverges (tests/test_faults_agreement.py
+    reads how every rank stops at one step, tests/test_lifecycle_restart.py what launch
+    does after it). Made once per test run; read-only."""
+    config = tiny_config(Path("runs"), tiny_data, training={"max_steps": 20},
+                         checkpoint={"every_steps": 2})  # fmt: skip
+    return shared_launch(factory, "diverged-launch", config, "--skip-preflight",
+                         "--max-restarts", "2", "--set", "training.lr=1e6")  # fmt: skip

@@ -1,7 +1,9 @@
 """The fault matrix: each fault injected into real torchrun workers (gloo, CPU).
 
 The tests that start from a preempted run share one (:func:`tests.fault_helpers.preempted_run`,
-made once per test run); each that resumes it works on its own copy."""
+made once per test run); each that resumes it works on its own copy. A run that other
+modules check too is shared with them: the consecutive skips (tests/fault_helpers.py), the
+crash by an exception (tests/lifecycle_helpers.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,24 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import only_run_dir, parse_events, rank_events, torchrun, uninterrupted_run
+from tests.conftest import (
+    Finished,
+    only_run_dir,
+    parse_events,
+    rank_events,
+    torchrun,
+    uninterrupted_run,
+)
 from tests.fault_helpers import (
     PREEMPTED_AT,
+    assert_skip_counted,
+    consecutive_skips_run,
     copy_of,
     preempted_config,
     preempted_run,
     survivors,
 )
+from tests.lifecycle_helpers import crashed_launch
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -45,12 +57,14 @@ def _assert_no_finished(run_dir: Path, stdout: str) -> None:
     assert all(e.get("outcome") != "finished" for e in parse_events(stdout))
 
 
-def test_too_many_consecutive_skips_fails_clearly(make_config, tmp_path):
-    """OOMs on consecutive steps past training.max_consecutive_skips fail the run on every rank."""
-    cfg = make_config(training={"max_steps": 10, "max_consecutive_skips": 2})
-    result = torchrun(cfg, env={"UPS_FAULTS": "oom@1:2,oom@0:3"})
-    assert result.returncode != 0
-    run_dir = only_run_dir(tmp_path / "runs")
+def test_too_many_consecutive_skips_fails_clearly(tiny_data, tmp_path_factory):
+    """An OOM skip counts toward training.max_consecutive_skips: in the shared run
+    (:func:`consecutive_skips_run`) rank 1's OOM at step 2 is the first of two skips in a
+    row, and the run then fails on every rank at the limit."""
+    result = consecutive_skips_run(tmp_path_factory, tiny_data)
+    assert_skip_counted(result, 2)
+    assert result.returncode != 0, "two skips in a row did not fail the run"
+    run_dir = only_run_dir(result.output_dir)
     outcome = read_outcome(run_dir)
     assert outcome is not None and outcome.outcome == "failed"
     assert "max_consecutive_skips=2" in outcome.reason
@@ -58,16 +72,28 @@ def test_too_many_consecutive_skips_fails_clearly(make_config, tmp_path):
     assert _wandb_exit_code(run_dir) == 1
 
 
-@pytest.mark.parametrize("kind", ["exception", "segfault"])
-def test_crash_of_one_rank_fails_the_job_and_names_the_rank(make_config, tmp_path, kind):
-    """An exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
+def _crashed(kind: str, make_config, tmp_path: Path, tiny_data, tmp_path_factory):
+    """How a run with rank 1's ``kind`` crash ended: the exception is the shared crashed
+    launch (:func:`crashed_launch`: `ups launch --max-restarts 2`, which never restarts a
+    deterministic failure); the SIGSEGV a run of its own under bare torchrun."""
+    if kind == "exception":
+        crashed = crashed_launch(tmp_path_factory, tiny_data)
+        done = Finished(crashed.returncode, crashed.stdout, crashed.stderr)
+        return done, crashed.seconds, only_run_dir(crashed.output_dir)
     cfg = make_config(training={"max_steps": 20})
     started = time.monotonic()
-    result = torchrun(cfg, env={"UPS_FAULTS": f"{kind}@1:3"})
-    elapsed = time.monotonic() - started
+    done = torchrun(cfg, env={"UPS_FAULTS": f"{kind}@1:3"})
+    return done, time.monotonic() - started, only_run_dir(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("kind", ["exception", "segfault"])
+def test_crash_of_one_rank_fails_the_job_and_names_the_rank(
+    make_config, tmp_path, tiny_data, tmp_path_factory, kind
+):
+    """An exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
+    result, elapsed, run_dir = _crashed(kind, make_config, tmp_path, tiny_data, tmp_path_factory)
     assert result.returncode != 0
     assert elapsed < 90, f"took {elapsed:.0f}s to notice a dead rank"
-    run_dir = only_run_dir(tmp_path / "runs")
     outcome = read_outcome(run_dir)
     assert outcome is not None and outcome.outcome == "failed" and outcome.exit_code != 0
     assert outcome.failed_rank == 1

@@ -6,7 +6,9 @@ injected for real at a point inside the step (``UPS_FAULTS=kind@rank:step:point`
 The faults a run survives share one run per kind of agreement (module fixtures, one
 worker): every skipped step in one run (an OOM at each point before the all-reduce and
 a NaN loss, on separate steps), every repaired update in another; each fault still has
-its own test and its own message. The runs that end at their fault have one each.
+its own test and its own message. The runs that end at their fault have one each, shared
+with the tests elsewhere that check the same run (made once per test run): the diverged
+launch (tests/lifecycle_helpers.py), the run of consecutive skips (tests/fault_helpers.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import pytest
 import yaml
 
 from tests.conftest import only_run_dir, parse_events, tiny_config, torchrun, uninterrupted_run
-from tests.fault_helpers import events, strict_json, survivors
+from tests.fault_helpers import (
+    assert_skip_counted,
+    consecutive_skips_run,
+    events,
+    strict_json,
+    survivors,
+)
+from tests.lifecycle_helpers import diverged_launch
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_FAILED, EXIT_NONFINITE
 
@@ -130,12 +139,13 @@ def test_repaired_updates_end_with_a_clean_runs_weights(repairs, tmp_path_factor
     assert survivors(str(repairs.config)) == []
 
 
-def test_diverging_learning_rate_fails_every_rank_at_the_same_step(make_config, tmp_path):
-    """--set training.lr=1e6: the run fails (not "finished") naming the step, ranks, losses, fix."""
-    cfg = make_config(training={"max_steps": 40})
-    result = torchrun(cfg, "--set", "training.lr=1e6")
+def test_diverging_learning_rate_fails_every_rank_at_the_same_step(tiny_data, tmp_path_factory):
+    """--set training.lr=1e6: the run fails (not "finished") naming the step, ranks, losses,
+    fix. The run is the shared diverged launch (:func:`diverged_launch`, through `ups
+    launch`, whose exit code and plan tests/test_lifecycle_restart.py checks)."""
+    result = diverged_launch(tmp_path_factory, tiny_data)
     assert result.returncode != 0
-    run_dir = only_run_dir(tmp_path / "runs")
+    run_dir = only_run_dir(result.output_dir)
     outcome = strict_json(run_dir / "outcome.json")  # strict: a bare NaN would raise
     assert outcome["outcome"] == "failed" and outcome["exit_code"] == EXIT_NONFINITE
     reason = outcome["reason"]
@@ -156,18 +166,20 @@ def test_diverging_learning_rate_fails_every_rank_at_the_same_step(make_config, 
         assert all(e["step"] < step for e in events(run_dir, rank, "train_step"))
     assert all(e.get("outcome") != "finished" for e in parse_events(result.stdout))
     assert read_offline_run(find_wandb_files(run_dir)[0]).exit_code == EXIT_NONFINITE
-    assert survivors(str(cfg)) == []
+    assert result.survivors == []
 
 
-def test_nonfinite_skips_count_against_the_consecutive_limit(make_config, tmp_path):
-    """Two NaN steps in a row with max_consecutive_skips=2: failed, naming the limit and the fix."""
-    cfg = make_config(training={"max_steps": 10, "nonfinite": "skip", "max_consecutive_skips": 2})
-    result = torchrun(cfg, env={"UPS_FAULTS": "nan@1:2,nan@0:3"})
-    assert result.returncode != 0
-    outcome = strict_json(only_run_dir(tmp_path / "runs") / "outcome.json")
+def test_nonfinite_skips_count_against_the_consecutive_limit(tiny_data, tmp_path_factory):
+    """A NaN skip counts toward training.max_consecutive_skips=2: in the shared run
+    (:func:`consecutive_skips_run`) rank 0's NaN at step 3 is the second skip in a row, so
+    the run fails, naming the limit and the fix."""
+    result = consecutive_skips_run(tmp_path_factory, tiny_data)
+    assert_skip_counted(result, 3)
+    assert result.returncode != 0, "two skips in a row did not fail the run"
+    outcome = strict_json(only_run_dir(result.output_dir) / "outcome.json")
     assert outcome["outcome"] == "failed" and outcome["exit_code"] == EXIT_FAILED
     assert "max_consecutive_skips=2" in outcome["reason"] and "training.lr" in outcome["reason"]
-    assert survivors(str(cfg)) == []
+    assert result.survivors == []
 
 
 def test_oom_inside_the_optimizer_on_every_rank_fails_clearly(make_config, tmp_path):

@@ -5,13 +5,12 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, worker_env
-from tests.launch_helpers import events_named, launch_cmd, outcome_of
+from tests.launch_helpers import ALLREDUCE, events_named, launch_cmd, outcome_of, write_script
 from ups.launch.ports import release, reserve_port
 
 
@@ -57,20 +56,20 @@ def test_a_port_another_launch_reserved_is_not_planned_again(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_three_launches_started_at_once_all_finish(
-    make_config: Callable[..., Path], tmp_path: Path
-) -> None:
-    """Three `ups launch` of the same config and master port, started in the same instant,
-    all run preflight and train to "finished" on three different master ports (before,
-    the second and third died with EADDRINUSE after preflight)."""
+def test_three_launches_started_at_once_all_finish(tmp_path: Path) -> None:
+    """Three `ups launch` of the same script and master port, started in the same instant,
+    all run preflight and end "finished" on three different master ports, each one's ranks
+    meeting on its own (before, the second and third died with EADDRINUSE after preflight).
+    The script is the smallest that rendezvouses (an all-reduce): the ports are the point,
+    not training."""
     port = _free_port()
-    config = make_config(  # a short run without W&B: the ports are the point, not training
-        distributed={"master_port": port}, training={"max_steps": 2}, wandb={"mode": "disabled"}
-    )
+    script = write_script(tmp_path, "allreduce.py", ALLREDUCE)
     env = worker_env({"UPS_PORT_LOCK_DIR": str(tmp_path / "locks")})
+    args = ("--script", str(script), "--output-dir", str(tmp_path / "runs"), "--master-port",
+            str(port), "--nproc-per-node", "2", "--preflight-skip", "allreduce")  # fmt: skip
     procs = [
         subprocess.Popen(
-            launch_cmd(str(config), "--run-id", f"par{i}", "--preflight-skip", "allreduce"),
+            launch_cmd(*args, "--run-id", f"par{i}"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -83,10 +82,13 @@ def test_three_launches_started_at_once_all_finish(
     for proc, out in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, out[-3000:]
         assert "EADDRINUSE" not in out
+        assert "preflight OK" in out, out[-3000:]
     endpoints = [events_named(out, "launch_plan")[0]["rdzv_endpoint"] for out in outputs]
     assert len(set(endpoints)) == 3, endpoints
     assert f"127.0.0.1:{port}" in endpoints
-    for i in range(3):
+    for i, (endpoint, out) in enumerate(zip(endpoints, outputs, strict=True)):
+        met = {e["master_port"] for e in events_named(out, "allreduced")}
+        assert met == {endpoint.rsplit(":", 1)[1]}, (f"par{i}", endpoint, met)
         assert outcome_of(tmp_path / "runs" / f"par{i}")["outcome"] == "finished"
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import parse_events, uninterrupted_run
-from tests.lifecycle_helpers import final_model, outcome, run
+from tests.lifecycle_helpers import crashed_launch, diverged_launch, final_model, outcome, run
 
 pytestmark = pytest.mark.slow
 
@@ -49,21 +49,18 @@ def test_max_restarts_relaunches_torchrun_after_a_sigkill(
 
 
 def test_deterministic_failure_is_neither_restarted_nor_resumed(
-    make_config: Callable[..., Path], tmp_path: Path
+    tiny_data: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """A Python exception on rank 1 with --max-restarts 2: one attempt only, exit 1, cause
-    `exception`; the same command then plans a new run and says why it does not resume."""
-    cfg = make_config(training={"max_steps": 10}, checkpoint={"every_steps": 2})
-    proc = run(
-        str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "2",
-        env={"UPS_FAULTS": "exception@1:5"},
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    run_dir = (tmp_path / "runs" / "latest").resolve()
+    """A Python exception on rank 1 with --max-restarts 2 (the shared crashed launch,
+    :func:`crashed_launch`): one attempt only, exit 1, cause `exception`; the same command
+    then plans a new run and says why it does not resume."""
+    crashed = crashed_launch(tmp_path_factory, tiny_data)
+    assert crashed.returncode == 1, crashed.stdout[-3000:]
+    run_dir = (crashed.output_dir / "latest").resolve()
     out = outcome(run_dir)
     assert (out["cause"], out["restarts"], len(out["attempts"])) == ("exception", 0, 1)
-    assert "restarting torchrun" not in proc.stdout
-    plan = run(str(tmp_path), str(cfg), "--dry-run")
+    assert "restarting torchrun" not in crashed.stdout
+    plan = run(str(tmp_path), str(crashed.config), "--dry-run")
     assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
     assert planned["run_id"] != run_dir.name and planned["resume"] is None
@@ -71,21 +68,19 @@ def test_deterministic_failure_is_neither_restarted_nor_resumed(
 
 
 def test_diverging_run_exits_65_through_launch_and_is_not_resumed(
-    make_config: Callable[..., Path], tmp_path: Path
+    tiny_data: dict[str, Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """`ups launch --set training.lr=1e6 --max-restarts 2`: exit 65 (not torchrun's 1), one
-    attempt, cause `nonfinite`, a reason that names the fix and not torchrun's teardown of
-    the slower rank; the same command then starts a new run instead of resuming."""
-    cfg = make_config(training={"max_steps": 20}, checkpoint={"every_steps": 2})
-    proc = run(
-        str(tmp_path), str(cfg), "--skip-preflight", "--max-restarts", "2",
-        "--set", "training.lr=1e6",
-    )  # fmt: skip
-    assert proc.returncode == 65, proc.stdout[-3000:]
-    run_dir = (tmp_path / "runs" / "latest").resolve()
+    """`ups launch --set training.lr=1e6 --max-restarts 2` (the shared diverged launch,
+    :func:`diverged_launch`): exit 65 (not torchrun's 1), one attempt, cause `nonfinite`, a
+    reason that names the fix and not torchrun's teardown of the slower rank; the same
+    command then starts a new run instead of resuming."""
+    diverged = diverged_launch(tmp_path_factory, tiny_data)
+    assert diverged.returncode == 65, diverged.stdout[-3000:]
+    run_dir = (diverged.output_dir / "latest").resolve()
     out = outcome(run_dir)
     assert (out["cause"], out["exit_code"], len(out["attempts"])) == ("nonfinite", 65, 1)
     assert "lower training.lr" in out["reason"] and "torchrun:" not in out["reason"]
-    plan = run(str(tmp_path), str(cfg), "--dry-run")
+    plan = run(str(tmp_path), str(diverged.config), "--dry-run")
+    assert plan.returncode == 0, plan.stderr
     planned = json.loads(plan.stdout)
     assert planned["run_id"] != run_dir.name and planned["resume"] is None
