@@ -39,6 +39,9 @@ EVERYWHERE = {
     "throughput",
 }
 
+JUDGE_THE_PREFLIGHT_REPORT = {"versions", "cache-cpu-file"}
+"""Steps that judge their check of the preflight step's one ``ups-preflight`` report."""
+
 
 def _script(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
@@ -59,7 +62,9 @@ def _env(**extra: str) -> dict[str, str]:
 def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path) -> None:
     """``gpu-suite.sh --cpu``: every CUDA-only step says "skipped: no CUDA", every other
     step passed, and the results (strict JSON, the same in --results-dir and $OUT) name the
-    versions and each step's duration."""
+    versions and each step's duration; ups-preflight runs twice, as a user would run it
+    (once with every check: the preflight, versions and cache-cpu-file steps share its
+    report) and for the burn-in."""
     out, results = tmp_path / "out", tmp_path / "results"
     out.mkdir()
     proc = subprocess.run(
@@ -78,7 +83,11 @@ def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path)
     assert proc.stdout.count("skipped: no CUDA") == len(CUDA_ONLY)
     for name in EVERYWHERE:
         assert steps[name]["status"] == "passed", steps[name]
-        assert steps[name]["duration_s"] > 0
+        if name in JUDGE_THE_PREFLIGHT_REPORT:  # no process of their own: nothing to time
+            assert steps[name]["details"]["preflight_run_by"] == "preflight", steps[name]
+            assert steps[name]["duration_s"] >= 0, steps[name]
+        else:
+            assert steps[name]["duration_s"] > 0, steps[name]
     assert doc["counts"] == {
         "passed": len(EVERYWHERE),
         "failed": 0,
@@ -95,6 +104,9 @@ def test_cpu_suite_runs_end_to_end_and_skips_only_the_cuda_steps(tmp_path: Path)
     assert cases[0]["tries"][0]["plain samples/s"] > 0
     assert cases[0]["tries"][0]["ups fail samples/s"] > 0
     assert (out / "gpu-step-cpu.txt").is_file() and (out / "gpu-suite.log").is_file()
+    ran = [Path(line.split()[1]).name for line in (out / "gpu-suite.log").read_text().splitlines()
+           if line.startswith("$ ")]  # fmt: skip
+    assert ran.count("ups-preflight") == 2, f"ups-preflight ran {ran.count('ups-preflight')} times"
     assert len(list(out.iterdir())) <= 8  # what comes back from the device machine
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
+import yaml
 
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, paused_at
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
@@ -29,6 +30,16 @@ def _setup_line(data: Path) -> str:
 
 def _config(tmp_path: Path, max_steps: int) -> Path:
     return demo_config(tmp_path / "demo.yaml", max_steps=max_steps)
+
+
+def _one_rank(config: Path) -> Path:
+    """``config`` with one rank per node: for the tests about how the instance ends (the
+    watchdog; detach and down), where ranks are not the point; each rank of the demo costs
+    seconds of CPU to start (torch, DDP, W&B). The happy path keeps the demo's 2."""
+    cfg = yaml.safe_load(config.read_text())
+    cfg["distributed"]["nproc_per_node"] = 1
+    config.write_text(yaml.safe_dump(cfg))
+    return config
 
 
 def fab_here(cwd: Path, *args: str, env: dict[str, str], timeout: float) -> CompletedProcess[str]:
@@ -131,11 +142,13 @@ def test_failure_paths_leave_nothing_billing(
 
 
 def test_ctrl_c_destroys_the_instance(fake_vast: FakeVast, demo_data: Path, tmp_path: Path) -> None:
-    """Ctrl-C while the run trains: the instance is destroyed before fab exits with 130."""
+    """Ctrl-C once the run has started: the instance is destroyed before fab exits with 130."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
     config = _config(tmp_path, max_steps=100_000)
+    # No preflight (the happy path covers it): nothing here is about the run's checks.
+    args = _deploy_args(hosts, config, "ctrl-c", "--skip-preflight")
     proc = subprocess.Popen(
-        [str(FAB), "-r", str(REPO), *_deploy_args(hosts, config, "ctrl-c")], cwd=tmp_path,
+        [str(FAB), "-r", str(REPO), *args], cwd=tmp_path,
         text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fab_env(fake_vast, tmp_path),
     )  # fmt: skip
@@ -172,7 +185,8 @@ def test_watchdog_destroys_after_max_hours_without_laptop(
     )  # fmt: skip
     # Held asleep at step 6 until the watchdog stops it: the deadline falls mid-training
     # without the run training flat out until then.
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"faults": paused_at(6)})
+    faults = {"faults": paused_at(6, ranks=1)}
+    config = _one_rank(demo_config(tmp_path / "demo.yaml", max_steps=20, extra=faults))
     # No preflight (the happy path covers it): the deadline only has to outlast boot and launch.
     args = _deploy_args(hosts, config, "laptop-gone", "--skip-preflight")
     earliest_deadline = time.time() + WATCHDOG_MAX_HOURS * 3600  # the plan is made after this
@@ -210,7 +224,8 @@ def test_detach_then_instances_and_down(
     state and price; `fab status --host vast` finds it by label; `fab down --run` destroys it."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
     # Held asleep at step 6 until `fab down`: still running, not training flat out.
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20, extra={"faults": paused_at(6)})
+    faults = {"faults": paused_at(6, ranks=1)}
+    config = _one_rank(demo_config(tmp_path / "demo.yaml", max_steps=20, extra=faults))
     env = fab_env(fake_vast, tmp_path)
     # No preflight (the happy path covers it): nothing here is about the run's first steps.
     args = _deploy_args(hosts, config, "detached", "--detach", "--skip-preflight")
