@@ -4,6 +4,7 @@ sharded checkpoints that are complete or absent, and `ups checkpoint export`."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.conftest import (
     torchrun,
     uninterrupted_run,
 )
+from ups.config.schema import CheckpointConfig
 from ups.outcome import EXIT_CONFIG, EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import CheckpointSaveFailed
 from ups.train.export import export_weights
@@ -28,13 +30,22 @@ from ups.train.resume import ResumeRefused, check_resume
 from ups.train.sharded import MANIFEST, latest_good_sharded, list_sharded, save_sharded
 
 STEPS = 8
+# Rank 1 OOMs at the start of step 3, rank 0 inside step 5's backward (FSDP's hooks
+# mid-flight): both steps are skipped on every rank, under either strategy.
+OOMS = [{"kind": "oom", "rank": 1, "step": 3},
+        {"kind": "oom", "rank": 0, "step": 5, "point": "backward"}]  # fmt: skip
 
 
-def _composed(strategy: str) -> dict[str, Any]:
-    """``training`` with accumulation and bf16: the bf16 test's two runs, and the config the
-    SIGTERM test preempts and resumes (its reference is the bf16 test's fsdp run)."""
-    return {"max_steps": STEPS, "strategy": strategy, "accum_steps": 2, "precision": "bf16",
-            "batch_size": 4}  # fmt: skip
+def _shared(strategy: str) -> dict[str, Any]:
+    """The config of the module's two shared runs (one per strategy, made once per test run
+    by conftest.uninterrupted_run): accumulation, bf16 and the two OOMs together, a sharded
+    checkpoint every 2 steps. The OOM test checks the skips, the shards and the error band
+    on them, the bf16 test the weights, and the SIGTERM test resumes this fsdp config (its
+    faults included) to the shared fsdp run's weights. Launching each once instead of once
+    per test is what keeps this module's CPU down (each launch is ~12 CPU-s of imports)."""
+    training = {"max_steps": STEPS, "strategy": strategy, "accum_steps": 2, "precision": "bf16",
+                "batch_size": 4}  # fmt: skip
+    return {"training": training, "checkpoint": {"every_steps": 2}, "faults": OOMS}
 
 
 def _events(run_dir: Path, rank: int, name: str) -> list[dict]:
@@ -60,56 +71,54 @@ def _export(run_dir: Path) -> dict:
 
 @pytest.mark.slow
 def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
-    make_config: Callable[..., Path], tmp_path: Path
+    make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Under fsdp, an OOM on rank 1 at the start of step 3 and on rank 0 inside step 5's
-    backward (FSDP's hooks mid-flight) skip exactly those steps on both ranks without a
-    hang; the shards end equal across ranks, only keep_last sharded checkpoints remain
-    (no temporary directory), and the held-out error is in the band of a DDP run with the
-    same faults. Resuming that DDP run under fsdp is refused (exit 2) naming the strategy.
+    """Under fsdp (with accumulation and bf16), an OOM on rank 1 at the start of step 3 and
+    on rank 0 inside step 5's backward (FSDP's hooks mid-flight) skip exactly those steps on
+    both ranks without a hang; the shards end equal across ranks, only keep_last sharded
+    checkpoints remain (no temporary directory), and the held-out error is in the band of a
+    DDP run with the same faults (both are the module's shared runs, :func:`_shared`).
+    Resuming (a copy of) that DDP run under fsdp is refused (exit 2) naming the strategy.
     An OOM inside rank 1's optimizer step (rank 0 completed its shard's update) stops both
     ranks at that step with cause oom_in_step and the reason, never a hang."""
-    faults = {"UPS_FAULTS": "oom@1:3,oom@0:5:backward"}
-    common = {"checkpoint": {"every_steps": 2, "keep_last": 2}}
-    runs = {}
-    for strategy in ("ddp", "fsdp"):
-        cfg = make_config(
-            training={"max_steps": 8, "strategy": strategy},
-            run={"output_dir": str(tmp_path / strategy)},
-            **common,
-        )
-        result = torchrun(cfg, env=faults)
-        assert result.returncode == 0, result.stderr[-3000:]
-        runs[strategy] = only_run_dir(tmp_path / strategy)
+    runs = {
+        s: uninterrupted_run(tmp_path_factory, make_config(**_shared(s))) for s in ("ddp", "fsdp")
+    }
     run_dir = runs["fsdp"]
     for rank in (0, 1):
         skipped = _events(run_dir, rank, "step_skipped")
-        assert [(e["step"], e["oom_ranks"]) for e in skipped] == [(3, [1]), (5, [0])]
+        assert [(e["step"], e["oom_ranks"]) for e in skipped] == [(3, [1]), (5, [0])], rank
     digests = {_events(run_dir, rank, "replica_digest")[-1]["sha256"] for rank in (0, 1)}
-    assert len(digests) == 1
+    assert len(digests) == 1, "the fsdp ranks' shards differ at the end"
     ckpts = run_dir / "checkpoints"
-    assert [s for s, _ in list_sharded(ckpts)] == [6, 8]
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_000006.dcp", "step_000008.dcp"]
+    # Saved every 2 steps; keep_last is its default (uninterrupted_run leaves it out of the
+    # config: it changes nothing computed), so the older ones were pruned.
+    kept = list(range(2, STEPS + 1, 2))[-CheckpointConfig().keep_last :]
+    assert len(kept) < STEPS // 2, "nothing to prune: keep_last's default grew"
+    assert [s for s, _ in list_sharded(ckpts)] == kept
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"step_{s:06d}.dcp" for s in kept]
     assert json.loads((ckpts / "step_000008.dcp" / MANIFEST).read_text())["files"]
     fsdp, ddp = _eval(runs["fsdp"]), _eval(runs["ddp"])
     assert fsdp.keys() == ddp.keys() and fsdp
     for key, value in ddp.items():
         assert abs(fsdp[key] - value) <= 0.05 * value, (key, fsdp[key], value)
 
-    switched = make_config(
-        training={"max_steps": 8, "strategy": "fsdp"},
-        run={"output_dir": str(tmp_path / "ddp")},
-        **common,
-    )
-    result = torchrun(switched, env={"UPS_RUN_ID": runs["ddp"].name})
+    # The shared DDP run stays as it is for the other tests: the refusal writes its
+    # outcome into a copy.
+    copied = tmp_path / "switched" / runs["ddp"].name
+    shutil.copytree(runs["ddp"], copied, symlinks=True)
+    switched = make_config(**_shared("fsdp"), run={"output_dir": str(copied.parent)},
+                           wandb={"mode": "disabled"})  # fmt: skip
+    result = torchrun(switched, env={"UPS_RUN_ID": copied.name})
     assert result.returncode != 0
-    refused = read_outcome(runs["ddp"])
+    refused = read_outcome(copied)
     assert refused is not None and (refused.exit_code, refused.cause) == (EXIT_CONFIG, "config")
     assert "training.strategy=ddp" in refused.reason and "--fresh" in refused.reason
 
     partial = make_config(
         training={"max_steps": 8, "strategy": "fsdp"},
         run={"output_dir": str(tmp_path / "partial")},
+        wandb={"mode": "disabled"},
     )
     result = torchrun(partial, env={"UPS_FAULTS": "oom@1:2:optimizer"})
     assert result.returncode != 0
@@ -122,23 +131,24 @@ def test_fsdp_skips_an_oom_on_every_rank_and_ends_in_ddps_error_band(
 def test_sigterm_sharded_checkpoint_resumes_to_the_uninterrupted_weights(
     make_config: Callable[..., Path], tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """SIGTERM at step 4 under fsdp (with accumulation and bf16, the options it composes
-    with): outcome preempted with a sharded checkpoint; the same command on 1 rank is
-    refused (exit 2, the world size named), on 2 ranks it resumes, and `ups checkpoint
-    export` of both runs gives one weights_only file whose weights equal an uninterrupted
-    fsdp run's exactly (the run test_fsdp_with_accumulation_and_bf16_matches_ddp checks)."""
-    straight = make_config(training=_composed("fsdp"), run={"output_dir": str(tmp_path / "a")})
+    """SIGTERM at step 4 under fsdp (with accumulation, bf16 and the skipped OOM steps, the
+    options it composes with): outcome preempted with a sharded checkpoint; the same command
+    on 1 rank is refused (exit 2, the world size named), on 2 ranks it resumes, and `ups
+    checkpoint export` of both runs gives one weights_only file whose weights equal an
+    uninterrupted fsdp run's exactly (the module's shared fsdp run, :func:`_shared`)."""
     written, _, _ = export_weights(  # in process; the CLI below
-        uninterrupted_run(tmp_path_factory, straight), tmp_path / "reference.pt"
+        uninterrupted_run(tmp_path_factory, make_config(**_shared("fsdp"))),
+        tmp_path / "reference.pt",
     )
     reference = torch.load(written, weights_only=True)
 
-    cfg = make_config(training=_composed("fsdp"), run={"output_dir": str(tmp_path / "b")})
+    cfg = make_config(**_shared("fsdp"), run={"output_dir": str(tmp_path / "b")},
+                      wandb={"mode": "disabled"})  # fmt: skip
     first = torchrun(cfg, env={"UPS_FAULTS": "sigterm@0:4"})
     assert first.returncode != 0
     run_dir = only_run_dir(tmp_path / "b")
     outcome = read_outcome(run_dir)
-    assert outcome is not None and outcome.outcome == "preempted"
+    assert outcome is not None and outcome.outcome == "preempted", outcome
     assert outcome.exit_code == EXIT_PREEMPTED
     # torchrun forwards the SIGTERM asynchronously: the stop step is read, not assumed.
     assert 4 <= outcome.step < STEPS, outcome.step
@@ -240,13 +250,12 @@ def test_fsdp_with_accumulation_and_bf16_matches_ddp(
 ) -> None:
     """The strategy and the step's other options compose: fsdp with accum_steps 2 and bf16
     autocast trains (the outcome records them) and ends with the same weights as DDP with
-    the same options (both reduce the same flat gradient), up to bf16 rounding. Both are
-    the shared uninterrupted runs of their configs (conftest.uninterrupted_run); the fsdp
-    one is the SIGTERM test's reference."""
+    the same options and the same skipped OOM steps (both reduce the same flat gradient),
+    up to bf16 rounding. Both are the module's shared runs (:func:`_shared`); the fsdp one
+    is the SIGTERM test's reference."""
     weights = {}
     for strategy in ("ddp", "fsdp"):
-        cfg = make_config(training=_composed(strategy))
-        run_dir = uninterrupted_run(tmp_path_factory, cfg)
+        run_dir = uninterrupted_run(tmp_path_factory, make_config(**_shared(strategy)))
         outcome = read_outcome(run_dir)
         assert outcome is not None and outcome.outcome == "finished", outcome
         assert outcome.training is not None

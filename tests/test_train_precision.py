@@ -28,6 +28,17 @@ from ups.train.compile import compile_failure
 BATCH = 11
 
 
+def _inductor(root: Path) -> dict[str, str]:
+    """The environment of a compiled run: inductor's on-disk cache in the test's own
+    directory, shared by both ranks as on a user's host (rank 1 loads rank 0's kernels),
+    never a kernel a previous run left in the default one; and the build in each rank's own
+    process: inductor's default pool of compile workers (one per core) costs each rank a
+    process per core that imports torch, more CPU than the few kernels of this model save
+    on 2 cores."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+            "TORCHINDUCTOR_COMPILE_THREADS": "1"}  # fmt: skip
+
+
 def _config(root: Path, data: dict[str, Path], tasks: int = 2, **training: Any) -> Path:
     cfg = {
         "run": {"name": "prec", "output_dir": str(root / "runs"), "seed": 0},
@@ -86,7 +97,7 @@ def test_compiled_two_rank_run_finishes_and_says_so(
     replicas agree, and outcome.json records that compile ran. One task: compiling on a
     CPU is slow, and one task's graph proves the same."""
     config = _config(tmp_path, tiny_data, tasks=1, compile=True, max_steps=10)
-    result = torchrun(config, timeout=600)
+    result = torchrun(config, env=_inductor(tmp_path), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = only_run_dir(tmp_path / "runs")
     for rank in (0, 1):
@@ -105,9 +116,11 @@ def test_compile_without_a_cxx_compiler_stops_every_rank_naming_the_fix(
 ) -> None:
     """No working C++ compiler (``CXX`` names a missing one): both ranks stop before the
     first step with exit code 2 and the same paragraph naming both ranks and the fixes
-    (install build-essential, or compile: false); no hang, no process left behind."""
+    (install build-essential, or compile: false); no hang, no process left behind. Each rank
+    finds it out before tracing the model (ups.train.compile._find_cxx)."""
     config = _config(tmp_path, tiny_data, tasks=1, compile=True, max_steps=3)
-    result = torchrun(config, env={"CXX": str(tmp_path / "no-such-g++")}, timeout=300)
+    env = {**_inductor(tmp_path), "CXX": str(tmp_path / "no-such-g++")}
+    result = torchrun(config, env=env, timeout=300)
     assert result.returncode != 0
     run_dir = only_run_dir(tmp_path / "runs")
     outcome = strict_json(run_dir / "outcome.json")
@@ -116,6 +129,8 @@ def test_compile_without_a_cxx_compiler_stops_every_rank_naming_the_fix(
     for rank in (0, 1):
         assert [e["exit_code"] for e in events(run_dir, rank, "outcome")] == [EXIT_CONFIG]
         assert not events(run_dir, rank, "train_step")
+        (failed,) = events(run_dir, rank, "compile_failed")
+        assert "torch/_dynamo" not in failed["exception"], f"rank {rank} traced the model first"
     assert survivors(str(config)) == []
 
 

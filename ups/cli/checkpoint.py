@@ -33,12 +33,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    # torch only once the flags are good: `--help` answers without it.
-    from ups.log import get_logger, setup_logging
-    from ups.train.export import NothingToExport, export_weights
-
-    setup_logging()
-    log = get_logger("ups.checkpoint")
     run_dir = Path(args.run)
     if not run_dir.is_dir():
         run_dir = args.output_dir / args.run
@@ -49,6 +43,13 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_CONFIG
+    # torch only once the flags and the directory are good: a mistyped path is answered
+    # without its import (~2 s).
+    from ups.log import get_logger, setup_logging
+    from ups.train.export import NothingToExport, export_weights
+
+    setup_logging()
+    log = get_logger("ups.checkpoint")
     try:
         written, source, step = export_weights(run_dir.resolve(), args.out)
     except NothingToExport as exc:

@@ -60,12 +60,26 @@ def _try_compile(trainer: Trainer, batch: Batch) -> str | None:
     devices = [trainer.device] if trainer.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         try:
+            if trainer.device.type == "cpu":
+                _find_cxx()
             trainer.forward_backward(batch, step=-1, sync=False)  # no collective inside
         except Exception as exc:  # any failure to compile is this rank's answer
             error = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
             log.error("compile_failed", error=error, exc_info=True)
     trainer.optimizer.zero_grad(set_to_none=True)
     return error
+
+
+def _find_cxx() -> None:
+    """Inductor's own search for the C++ compiler its CPU backend builds with (it honours
+    ``CXX``), before any tracing: without one, the forward would fail the same way, but
+    only after tracing the whole model on every rank (on the tiny test model ~10 s per
+    rank; on a real one minutes). Raises inductor's ``InvalidCxxCompiler``."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+    except ImportError:  # a torch without it: the forward below finds out
+        return
+    get_cpp_compiler()
 
 
 def compile_failure(failed: dict[int, str]) -> str:
