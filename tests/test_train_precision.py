@@ -130,7 +130,9 @@ def test_compile_without_a_cxx_compiler_stops_every_rank_naming_the_fix(
         assert [e["exit_code"] for e in events(run_dir, rank, "outcome")] == [EXIT_CONFIG]
         assert not events(run_dir, rank, "train_step")
         (failed,) = events(run_dir, rank, "compile_failed")
-        assert "torch/_dynamo" not in failed["exception"], f"rank {rank} traced the model first"
+        # Found by the compiler search, before tracing; a host's setup: no traceback.
+        assert failed["stage"] == "compiler_search", f"rank {rank} traced the model first"
+        assert "exception" not in failed, failed["exception"][-2000:]
     assert survivors(str(config)) == []
 
 

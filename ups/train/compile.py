@@ -56,18 +56,27 @@ def compile_check(trainer: Trainer, batch: Batch) -> None:
 
 def _try_compile(trainer: Trainer, batch: Batch) -> str | None:
     """This rank's compile error (first line), or None when forward and backward ran."""
-    error = None
+    if trainer.device.type == "cpu":
+        try:
+            _find_cxx()
+        except Exception as exc:  # the host has no compiler: its setup, no traceback
+            error = _first_line(exc)
+            log.error("compile_failed", error=error, stage="compiler_search")
+            return error
+    error: str | None = None
     devices = [trainer.device] if trainer.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         try:
-            if trainer.device.type == "cpu":
-                _find_cxx()
             trainer.forward_backward(batch, step=-1, sync=False)  # no collective inside
         except Exception as exc:  # any failure to compile is this rank's answer
-            error = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
-            log.error("compile_failed", error=error, exc_info=True)
+            error = _first_line(exc)
+            log.error("compile_failed", error=error, stage="trace", exc_info=True)
     trainer.optimizer.zero_grad(set_to_none=True)
     return error
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
 
 
 def _find_cxx() -> None:
