@@ -60,9 +60,9 @@ def _try_compile(trainer: Trainer, batch: Batch) -> str | None:
         try:
             _find_cxx()
         except Exception as exc:  # the host has no compiler: its setup, no traceback
-            error = _first_line(exc)
-            log.error("compile_failed", error=error, stage="compiler_search")
-            return error
+            missing = _first_line(exc)
+            log.error("compile_failed", error=missing, stage="compiler_search")
+            return missing
     error: str | None = None
     devices = [trainer.device] if trainer.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
