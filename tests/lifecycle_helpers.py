@@ -1,7 +1,7 @@
 """Helpers for the lifecycle tests: `ups launch` with a marker in its environment, so
 every process it started can be found afterwards, wherever it was re-parented; and the
 launches that several tests read, each made once per test run (:func:`shared_launch`: a
-plain finishing run, a crashed one, a diverged one)."""
+plain finishing run, a crashed one, a segfaulted one, a diverged one)."""
 
 from __future__ import annotations
 
@@ -201,6 +201,20 @@ def crashed_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) 
     return shared_launch(factory, "crashed-launch", config, "--skip-preflight",
                          "--max-restarts", "2",
                          env={"UPS_FAULTS": f"exception@1:{CRASH_STEP}"})  # fmt: skip
+
+
+SEGFAULT_RUN_ID = "sf"
+
+
+def segfaulted_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) -> Launched:
+    """`ups launch CONFIG --run-id sf --skip-preflight` of 20 steps where rank 1 dies of a
+    real SIGSEGV at step 2 (the config's ``faults:``): the crash in native code of one rank
+    (tests/test_launch_trainer.py reads what launch's outcome names, tests/test_faults.py
+    what the trainer and W&B left). Made once per test run; read-only."""
+    config = tiny_config(Path("runs"), tiny_data, training={"max_steps": 20},
+                         faults=[{"kind": "segfault", "rank": 1, "step": 2}])  # fmt: skip
+    return shared_launch(factory, "segfaulted-launch", config,
+                         "--run-id", SEGFAULT_RUN_ID, "--skip-preflight")  # fmt: skip
 
 
 def diverged_launch(factory: pytest.TempPathFactory, tiny_data: dict[str, Path]) -> Launched:

@@ -3,12 +3,11 @@
 The tests that start from a preempted run share one (:func:`tests.fault_helpers.preempted_run`,
 made once per test run); each that resumes it works on its own copy. A run that other
 modules check too is shared with them: the consecutive skips (tests/fault_helpers.py), the
-crash by an exception (tests/lifecycle_helpers.py)."""
+crash by an exception and the SIGSEGV (tests/lifecycle_helpers.py)."""
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,7 @@ from tests.fault_helpers import (
     preempted_run,
     survivors,
 )
-from tests.lifecycle_helpers import crashed_launch
+from tests.lifecycle_helpers import crashed_launch, segfaulted_launch
 from tests.wandb_offline import find_wandb_files, read_offline_run
 from ups.outcome import EXIT_PREEMPTED, read_outcome
 from ups.train.checkpoint import list_checkpoints, load_checkpoint
@@ -72,26 +71,22 @@ def test_too_many_consecutive_skips_fails_clearly(tiny_data, tmp_path_factory):
     assert _wandb_exit_code(run_dir) == 1
 
 
-def _crashed(kind: str, make_config, tmp_path: Path, tiny_data, tmp_path_factory):
-    """How a run with rank 1's ``kind`` crash ended: the exception is the shared crashed
-    launch (:func:`crashed_launch`: `ups launch --max-restarts 2`, which never restarts a
-    deterministic failure); the SIGSEGV a run of its own under bare torchrun."""
-    if kind == "exception":
-        crashed = crashed_launch(tmp_path_factory, tiny_data)
-        done = Finished(crashed.returncode, crashed.stdout, crashed.stderr)
-        return done, crashed.seconds, only_run_dir(crashed.output_dir)
-    cfg = make_config(training={"max_steps": 20})
-    started = time.monotonic()
-    done = torchrun(cfg, env={"UPS_FAULTS": f"{kind}@1:3"})
-    return done, time.monotonic() - started, only_run_dir(tmp_path / "runs")
+def _crashed(kind: str, tiny_data, tmp_path_factory):
+    """How a run with rank 1's ``kind`` crash ended: both are launches shared with other
+    modules, `ups launch` of the trainer: the exception :func:`crashed_launch` (with
+    ``--max-restarts 2``, which never restarts a deterministic failure), the real SIGSEGV
+    :func:`segfaulted_launch`."""
+    make = crashed_launch if kind == "exception" else segfaulted_launch
+    crashed = make(tmp_path_factory, tiny_data)
+    done = Finished(crashed.returncode, crashed.stdout, crashed.stderr)
+    return done, crashed.seconds, only_run_dir(crashed.output_dir)
 
 
 @pytest.mark.parametrize("kind", ["exception", "segfault"])
-def test_crash_of_one_rank_fails_the_job_and_names_the_rank(
-    make_config, tmp_path, tiny_data, tmp_path_factory, kind
-):
-    """An exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed."""
-    result, elapsed, run_dir = _crashed(kind, make_config, tmp_path, tiny_data, tmp_path_factory)
+def test_crash_of_one_rank_fails_the_job_and_names_the_rank(tiny_data, tmp_path_factory, kind):
+    """An exception or a real SIGSEGV on rank 1: non-zero exit soon, rank 1 named, W&B failed;
+    the SIGSEGV named in what launch shows (its run_ended line and launch.log)."""
+    result, elapsed, run_dir = _crashed(kind, tiny_data, tmp_path_factory)
     assert result.returncode != 0
     assert elapsed < 90, f"took {elapsed:.0f}s to notice a dead rank"
     outcome = read_outcome(run_dir)
@@ -103,7 +98,14 @@ def test_crash_of_one_rank_fails_the_job_and_names_the_rank(
         assert (
             "Fatal Python error: Segmentation fault" in rank1_log
         )  # faulthandler, in rank 1's log
-        assert "SIGSEGV" in result.stderr  # torchrun's summary names the signal
+        for where, text in (
+            ("launch's output", result.stdout),
+            ("launch.log", (run_dir / "logs" / "launch.log").read_text()),
+        ):
+            ended = [e for e in parse_events(text) if e["event"] == "run_ended"]
+            assert ended and "rank 1 died with SIGSEGV" in ended[-1]["reason"], (
+                f"{where} does not name the signal: {text[-2000:]}"
+            )
     else:
         failed = _events(run_dir, 1, "rank_failed")
         assert failed and "injected exception" in failed[0]["error"]

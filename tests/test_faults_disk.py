@@ -35,8 +35,9 @@ def test_full_disk_during_a_checkpoint_stops_every_rank_and_resume_works_after(
     ckpt_dir = run_dir / "checkpoints"
     cfg = make_config(
         run={"run_id": "disk"},
-        training={"max_steps": 12},
+        training={"max_steps": 8},
         checkpoint={"every_steps": 2, "keep_last": 3},
+        wandb={"mode": "disabled"},  # W&B (~1.5 CPU-s per start) is not what is checked here
     )
     # A checkpoint of this model is ~95 KB (24 pages of tmpfs) plus a 1-page digest: two fit
     # in 248 KiB, the third does not.

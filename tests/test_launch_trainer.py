@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.launch_helpers import outcome_of, run_launch
-from tests.lifecycle_helpers import FINISHED_RUN_ID, finished_launch
+from tests.launch_helpers import outcome_of
+from tests.lifecycle_helpers import (
+    FINISHED_RUN_ID,
+    SEGFAULT_RUN_ID,
+    finished_launch,
+    segfaulted_launch,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,16 +39,14 @@ def test_trainer_finishes_through_launch(
 
 
 def test_trainer_segfault_names_rank_and_signal(
-    make_config: Callable[..., Path], tmp_path: Path
+    tiny_data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """An injected segfault on rank 1 of the real trainer: launch exits 1 and outcome.json
-    names rank 1 and SIGSEGV, with rank 1's log (holding the faulthandler stack) to read."""
-    config = make_config(
-        training={"max_steps": 20}, faults=[{"kind": "segfault", "rank": 1, "step": 2}]
-    )
-    proc = run_launch(str(config), "--run-id", "sf", "--skip-preflight")
-    assert proc.returncode == 1, proc.stdout[-3000:]
-    outcome = outcome_of(tmp_path / "runs" / "sf")
+    """An injected segfault on rank 1 of the real trainer (the shared run,
+    :func:`segfaulted_launch`): launch exits 1 and outcome.json names rank 1 and SIGSEGV,
+    with rank 1's log (holding the faulthandler stack) to read."""
+    launched = segfaulted_launch(tmp_path_factory, tiny_data)
+    assert launched.returncode == 1, launched.stdout[-3000:]
+    outcome = outcome_of(launched.output_dir / SEGFAULT_RUN_ID)
     assert (outcome["outcome"], outcome["failed_rank"], outcome["signal"]) == (
         "failed", 1, "SIGSEGV",
     )  # fmt: skip

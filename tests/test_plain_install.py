@@ -115,7 +115,12 @@ def test_a_plain_install_runs_every_entry_point_module_and_a_two_rank_script(
     started = time.monotonic()
     wheel = _wheel(tmp_path)
     venv = tmp_path / "venv"
-    base_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # Without PYTHONDONTWRITEBYTECODE (set here and in CI): the first process to import a
+    # module writes its bytecode into the venv, as in a user's install, and every later one
+    # (the ranks, the agent, preflight) reads it instead of compiling torch again (~3 CPU-s
+    # a process).
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
+    base_env = {k: v for k, v in os.environ.items() if k not in dropped}
     _run(UV, "venv", "-q", "--python", sys.executable, str(venv), cwd=tmp_path, env=base_env)
     python = str(venv / "bin" / "python")
     links = [arg for link in _local_torch_links() for arg in ("--find-links", link)]
