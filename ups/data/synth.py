@@ -216,13 +216,20 @@ def darcy(a: np.ndarray, beta: float, rtol: float = DARCY_RTOL, max_iter: int = 
     p = z.copy()
     rz = _dot(r, z)
     stop = rtol * abs(beta) * np.sqrt(a[0].size)
+    live = np.arange(a.shape[0])  # the samples still iterating; a converged one is done
     for _ in range(max_iter):
         active = np.sqrt(_dot(r, r)) > stop
-        if not active.any():
-            return u
+        if not active.all():  # drop the converged: every array below is per sample
+            keep = np.flatnonzero(active)
+            live = live[keep]
+            if live.size == 0:
+                return u
+            op = DarcyOperator(op.diag[keep], op.down[keep], op.up[keep], op.left[keep],
+                               op.right[keep])  # fmt: skip
+            inv_diag, r, z, p, rz = inv_diag[keep], r[keep], z[keep], p[keep], rz[keep]
         ap = op(p)
-        alpha = np.where(active, rz / np.maximum(_dot(p, ap), 1e-300), 0.0)[:, None, None]
-        u += alpha * p
+        alpha = (rz / np.maximum(_dot(p, ap), 1e-300))[:, None, None]
+        u[live] += alpha * p
         r -= alpha * ap
         np.multiply(r, inv_diag, out=z)
         rz_new = _dot(r, z)
