@@ -256,32 +256,6 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert fresh.returncode == 0 and "latest unfinished" not in fresh.stdout
 
 
-def test_preflight_failure_starts_nothing(sshd: SshServer, tmp_path: Path) -> None:
-    """A remote preflight failure (data file missing on the host) shows the report, exits
-    non-zero and starts nothing: no process, no run directory."""
-    hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
-    workdir = sshd.root / "remote"
-    config = demo_config(tmp_path / "demo.yaml")
-    result = fab(
-        "deploy",
-        "--host",
-        "test",
-        "--hosts-file",
-        str(hosts),
-        "--config",
-        str(config),
-        "--run",
-        "nodata",
-    )
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "remote preflight on test" in result.stdout
-    assert "FAIL" in result.stdout
-    assert "preflight failed on 'test'" in result.stderr
-    assert "nothing was started" in result.stderr
-    assert not (workdir / "runs").exists()
-    assert not (workdir / ".ups" / "deploy" / "nodata").exists()  # retry with the same id
-
-
 def test_fab_preflight_shows_remote_report(sshd: SshServer, tmp_path: Path) -> None:
     """`fab preflight --host test` runs the checks on the host and shows their table."""
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
@@ -359,9 +333,14 @@ def test_ssh_config_alias_and_jump_host(sshd: SshServer, tmp_path: Path) -> None
         assert f"no run deployed on {name!r} yet" in result.stderr, result.stderr
 
 
-def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -> None:
+def test_sync_wheel_installs_code_only_change_then_a_failed_preflight_starts_nothing(
+    sshd: SshServer, tmp_path: Path
+) -> None:
     """`fab deploy --sync-wheel W` installs a newer ups wheel into the remote ups
-    environment before anything else (here the deploy then stops at preflight)."""
+    environment before anything else; the deploy then stops at the remote preflight, which
+    fails (the data file is missing on the host): it shows the report, exits 4 and starts
+    nothing (no process, no run directory). One deploy for both: a remote preflight costs
+    a few CPU-seconds, its failure is the same with or without a synced wheel."""
     import shutil
     import sys
 
@@ -419,7 +398,15 @@ def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -
     assert f"upload {wheel.name}" in result.stdout, result.stdout + result.stderr
     assert marker in installed.read_text()
     assert "remote code: ups 0.1.0" in result.stdout
-    assert result.returncode == 4  # no data on this host: preflight stops it, as designed
+    # No data on this host: the remote preflight fails and stops the deploy.
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "remote preflight on venv" in result.stdout
+    assert "FAIL" in result.stdout
+    assert "preflight failed on 'venv'" in result.stderr
+    assert "nothing was started" in result.stderr
+    workdir = sshd.root / "remote"
+    assert not (workdir / "runs").exists()
+    assert not (workdir / ".ups" / "deploy" / "sync").exists()  # retry with the same id
 
 
 def _mkdir(path: Path) -> Path:
