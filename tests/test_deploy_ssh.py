@@ -36,6 +36,10 @@ __all__ = ["demo_data", "sshd"]  # fixtures used by name below
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 SECRET = "wandb-test-key-0123456789abcdef"
+NO_WANDB = {"mode": "disabled"}
+"""For the runs whose checks are exit codes, outcomes and checkpoints: W&B's start (rank 0,
+~1.4 CPU-s a launch by py-spy) buys them nothing. W&B offline, as users run it, and fetching its
+files are the first test's."""
 
 
 def _argv_containing(text: str) -> list[str]:
@@ -166,7 +170,7 @@ def test_failed_run_exit_code_reaches_local_shell(
     config = demo_config(
         tmp_path / "demo.yaml",
         max_steps=40,
-        extra={"faults": [{"kind": "exception", "rank": 1, "step": 3}]},
+        extra={"faults": [{"kind": "exception", "rank": 1, "step": 3}], "wandb": NO_WANDB},
     )
     result = fab(
         "deploy",
@@ -205,7 +209,9 @@ def test_stop_then_same_deploy_command_continues_the_run(
     # Held asleep at step 6 until stopped, so `fab stop` (an SSH round trip or two after
     # step 5) lands in training however loaded the machine is; the resumed run starts after
     # step 6, so the pause does not hold it again.
-    config = demo_config(tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6)})
+    config = demo_config(
+        tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6), "wandb": NO_WANDB}
+    )
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
     started = fab(*deploy, "--skip-preflight", "--detach")
     assert started.returncode == 0, started.stderr
