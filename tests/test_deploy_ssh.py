@@ -36,6 +36,10 @@ __all__ = ["demo_data", "sshd"]  # fixtures used by name below
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
 SECRET = "wandb-test-key-0123456789abcdef"
+NO_WANDB = {"mode": "disabled"}
+"""For the runs whose checks are exit codes, outcomes and checkpoints: W&B's start (rank 0,
+~1.4 CPU-s a launch by py-spy) buys them nothing. W&B offline, as users run it, and fetching its
+files are the first test's."""
 
 
 def _argv_containing(text: str) -> list[str]:
@@ -166,7 +170,7 @@ def test_failed_run_exit_code_reaches_local_shell(
     config = demo_config(
         tmp_path / "demo.yaml",
         max_steps=40,
-        extra={"faults": [{"kind": "exception", "rank": 1, "step": 3}]},
+        extra={"faults": [{"kind": "exception", "rank": 1, "step": 3}], "wandb": NO_WANDB},
     )
     result = fab(
         "deploy",
@@ -205,7 +209,9 @@ def test_stop_then_same_deploy_command_continues_the_run(
     # Held asleep at step 6 until stopped, so `fab stop` (an SSH round trip or two after
     # step 5) lands in training however loaded the machine is; the resumed run starts after
     # step 6, so the pause does not hold it again.
-    config = demo_config(tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6)})
+    config = demo_config(
+        tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6), "wandb": NO_WANDB}
+    )
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
     started = fab(*deploy, "--skip-preflight", "--detach")
     assert started.returncode == 0, started.stderr
@@ -254,32 +260,6 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert f"run {run_id} already finished" in refused.stderr and "--fresh" in refused.stderr
     fresh = fab(*deploy, "--fresh", "--dry-run")
     assert fresh.returncode == 0 and "latest unfinished" not in fresh.stdout
-
-
-def test_preflight_failure_starts_nothing(sshd: SshServer, tmp_path: Path) -> None:
-    """A remote preflight failure (data file missing on the host) shows the report, exits
-    non-zero and starts nothing: no process, no run directory."""
-    hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
-    workdir = sshd.root / "remote"
-    config = demo_config(tmp_path / "demo.yaml")
-    result = fab(
-        "deploy",
-        "--host",
-        "test",
-        "--hosts-file",
-        str(hosts),
-        "--config",
-        str(config),
-        "--run",
-        "nodata",
-    )
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert "remote preflight on test" in result.stdout
-    assert "FAIL" in result.stdout
-    assert "preflight failed on 'test'" in result.stderr
-    assert "nothing was started" in result.stderr
-    assert not (workdir / "runs").exists()
-    assert not (workdir / ".ups" / "deploy" / "nodata").exists()  # retry with the same id
 
 
 def test_fab_preflight_shows_remote_report(sshd: SshServer, tmp_path: Path) -> None:
@@ -359,9 +339,14 @@ def test_ssh_config_alias_and_jump_host(sshd: SshServer, tmp_path: Path) -> None
         assert f"no run deployed on {name!r} yet" in result.stderr, result.stderr
 
 
-def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -> None:
+def test_sync_wheel_installs_code_only_change_then_a_failed_preflight_starts_nothing(
+    sshd: SshServer, tmp_path: Path
+) -> None:
     """`fab deploy --sync-wheel W` installs a newer ups wheel into the remote ups
-    environment before anything else (here the deploy then stops at preflight)."""
+    environment before anything else; the deploy then stops at the remote preflight, which
+    fails (the data file is missing on the host): it shows the report, exits 4 and starts
+    nothing (no process, no run directory). One deploy for both: a remote preflight costs
+    a few CPU-seconds, its failure is the same with or without a synced wheel."""
     import shutil
     import sys
 
@@ -419,7 +404,15 @@ def test_sync_wheel_installs_code_only_change(sshd: SshServer, tmp_path: Path) -
     assert f"upload {wheel.name}" in result.stdout, result.stdout + result.stderr
     assert marker in installed.read_text()
     assert "remote code: ups 0.1.0" in result.stdout
-    assert result.returncode == 4  # no data on this host: preflight stops it, as designed
+    # No data on this host: the remote preflight fails and stops the deploy.
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "remote preflight on venv" in result.stdout
+    assert "FAIL" in result.stdout
+    assert "preflight failed on 'venv'" in result.stderr
+    assert "nothing was started" in result.stderr
+    workdir = sshd.root / "remote"
+    assert not (workdir / "runs").exists()
+    assert not (workdir / ".ups" / "deploy" / "sync").exists()  # retry with the same id
 
 
 def _mkdir(path: Path) -> Path:

@@ -2,11 +2,13 @@
 script's own folder outside the checkout, made a project by `ups init` (its fabfile.py).
 
 One test in phases, each a real deploy of examples/ddp/train.py (plain DDP, gloo, two
-ranks, a few seconds): `--run-file` with the script's arguments after `--`, to the end;
-`--script train.py -- ARGS` with a rank raising; stopped mid-run by `fab stop` and
-deployed again after its checkpoints on the host were lost, resuming from the checkpoint
-ups had uploaded to the run file's bucket (a real S3 gateway) to final weights equal to
-the uninterrupted run's.
+ranks, a few seconds): `--run-file` with the script's arguments after `--` (replacing the
+run file's own), held mid-run, stopped by `fab stop` and deployed again after its
+checkpoints on the host were lost, resuming from the checkpoint ups had uploaded to the
+run file's bucket (a real S3 gateway) to the end, with final weights equal to the
+uninterrupted run's (``tests.launch_helpers.ddp_script_reference``, trained once per test
+run and shared with tests/test_script_recipes.py and tests/test_checkpoint_sync.py); then
+`--script train.py -- ARGS` with a rank raising.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ import pytest
 import torch
 
 from tests.deploy_fixtures import REPO, VENV_BIN, SshServer, fab, sshd
+from tests.launch_helpers import ddp_script_reference
 from tests.s3_server import S3Server, s3_server
 
 __all__ = ["s3_server", "sshd"]  # fixtures used by name below
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slow]
 
+STEPS = 10
+"""The deployed runs train this many steps: the shared reference's (test_script_recipes')."""
 SECRET = "script-secret-0123456789abcdef"
 RUN_FILE = """\
 script: train.py
@@ -71,49 +76,34 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
-    sshd: SshServer, s3_server: S3Server, tmp_path: Path
+    sshd: SshServer, s3_server: S3Server, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """The script runs to the end (exit 0, finished; .gitignore'd files, the secret and the
-    S3 keys stay home; setup ran once); a raising rank is named with its exception and exit
-    code; `fab stop` preempts it (75) after it commits a checkpoint, which ups uploads to
-    the bucket; with the host's checkpoints gone (a new disk) the same deploy again
-    restores it from the bucket (UPS_RESUME) and ends with weights `torch.equal` to the
-    uninterrupted run's."""
+    """The script's arguments after `--` replace the run file's (.gitignore'd files, the
+    secret and the S3 keys stay home; setup ran); `fab stop` preempts it (75) after it
+    commits a checkpoint, which ups uploads to the bucket; with the host's checkpoints gone
+    (a new disk) the same deploy again restores it from the bucket (UPS_RESUME) and ends
+    truthfully (exit 0, finished) with weights `torch.equal` to the uninterrupted run's; a
+    raising rank is named with its exception and exit code."""
+    whole = ddp_script_reference(tmp_path_factory, STEPS)
     # The host runs this checkout's ups (the sshd session does not inherit PYTHONPATH).
     entry = sshd.host_entry(remote_env=f"export PYTHONPATH={REPO}")
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml", {"test": entry})
     workdir = sshd.root / "remote"
     proj = _project(tmp_path, s3_server)
     to_host = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--skip-preflight"]
-    deploy = [*to_host, "--run-file", "ups-run.yaml"]
-
     # `fab` in the project's folder; the arguments after `--` replace the run file's own
-    # (the same values: the reference weights below come from this run).
-    done = fab(*deploy, "--", "--steps", "14", "--save-every", "4", "--out", "final.pt", cwd=proj)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "finished (exit 0)" in done.stdout and "finished: weights in final.pt" in done.stdout
+    # (its 14 steps: "training steps 6..10" below shows which were used). Held at step 6.
+    deploy = [*to_host, "--run-file", "ups-run.yaml"]
+    held = ["--", "--steps", str(STEPS), "--save-every", "4", "--out", "final.pt",
+            "--pause-at", "6"]  # fmt: skip
+
+    started = fab(*deploy, "--detach", *held, cwd=proj)
+    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-2000:]
     # train.py, ups-run.yaml, requirements.txt, .gitignore, fabfile.py
-    assert "5 file(s) sent" in done.stdout
+    assert "5 file(s) sent" in started.stdout, started.stdout[-3000:]
     (code,) = (workdir / "code").glob("train-*")
     assert not (code / "notes.log").exists() and not (code / "secrets.env").exists()
     assert (code / "setup-ran.txt").is_file()
-    assert SECRET not in done.stdout + done.stderr
-    assert s3_server.secret_key not in done.stdout + done.stderr
-    first_run = done.stdout.split("started run ", 1)[1].split()[0]
-    assert SECRET not in (workdir / "runs" / first_run / "logs" / "launch.log").read_text()
-    reference = _weights(code / "final.pt")
-    (code / "final.pt").unlink()
-
-    # The script alone (no run file: no setup, no secrets), its arguments after `--`.
-    failed = fab(*to_host, "--script", "train.py", "--fresh", "--",
-                 "--steps", "14", "--fail-rank", "1", "--fail-at", "3", cwd=proj)  # fmt: skip
-    assert failed.returncode == 1, failed.stdout[-3000:]
-    assert "0 file(s) sent" in failed.stdout  # the same folder, already on the host
-    assert "rank 1 exited with code 1: RuntimeError: boom on rank 1 at step 3" in failed.stdout
-
-    held = ["--script-args=--steps 14 --save-every 4 --out final.pt --pause-at 6"]
-    started = fab(*deploy, "--fresh", *held, "--detach", cwd=proj)
-    assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-2000:]
     run_id = started.stdout.split("started run ", 1)[1].split()[0]
     run_dir = workdir / "runs" / run_id
     _wait_for(run_dir / "logs" / "launch.log", "step 5 loss")  # then held at 6
@@ -131,14 +121,27 @@ def test_script_deploy_ends_truthfully_and_resumes_from_its_checkpoint(
     again = fab(*deploy, *held, cwd=proj)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert f"continuing run {run_id}" in again.stdout
-    assert "training steps 6..14" in again.stdout
+    assert f"training steps 6..{STEPS}" in again.stdout
+    assert "finished (exit 0)" in again.stdout and "finished: weights in final.pt" in again.stdout
     outcome = json.loads((run_dir / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
     assert outcome["resumed_from"]["checkpoint"] == preempted["checkpoint"]
     assert outcome["resumed_from"]["why"].endswith(
         f"restored from {s3_server.url()}/{run_id}/checkpoints/step_000006.pt"
     )
-    assert s3_server.secret_key not in (run_dir / "logs" / "launch.log").read_text()
+    said = started.stdout + started.stderr + again.stdout + again.stderr
+    assert SECRET not in said
+    assert s3_server.secret_key not in said
+    launch_log = (run_dir / "logs" / "launch.log").read_text()
+    assert SECRET not in launch_log
+    assert s3_server.secret_key not in launch_log
     resumed = _weights(code / "final.pt")
-    assert resumed.keys() == reference.keys()
-    assert all(torch.equal(resumed[k], reference[k]) for k in reference)
+    assert resumed.keys() == whole.keys()
+    assert all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+    # The script alone (no run file: no setup, no secrets), its arguments after `--`.
+    failed = fab(*to_host, "--script", "train.py", "--fresh", "--",
+                 "--steps", str(STEPS), "--fail-rank", "1", "--fail-at", "3", cwd=proj)  # fmt: skip
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    assert "0 file(s) sent" in failed.stdout  # the same folder, already on the host
+    assert "rank 1 exited with code 1: RuntimeError: boom on rank 1 at step 3" in failed.stdout
