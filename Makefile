@@ -18,12 +18,14 @@ $(STAMP): pyproject.toml
 	# exactly, and uv is also given the find-links of pip's own configuration and
 	# PIP_FIND_LINKS (it reads neither): where a machine keeps a local CPU wheel of torch
 	# (this dev kind does, in /opt/wheels), that wheel is what gets installed, as with pip.
+	# A local location that is not there is left out, as pip ignores it (uv would stop).
 	# Bytecode is compiled at install, as pip does: with PYTHONDONTWRITEBYTECODE set, every
 	# process would otherwise compile the modules it imports, every time.
 	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
 	links="$$($(BIN)/pip config get global.find-links 2>/dev/null || true) $${PIP_FIND_LINKS:-}"; \
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python \
-		$$(for l in $$links; do printf -- '--find-links %s ' "$$l"; done) \
+		$$(for l in $$links; do case $$l in *://*) ;; *) test -e "$$l" || continue ;; esac; \
+			printf -- '--find-links %s ' "$$l"; done) \
 		"torch==2.13.0" -e ".[dev]"
 	touch $(STAMP)
 
