@@ -11,6 +11,8 @@ same error, naming each failed rank's reason and the fix.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -87,6 +89,8 @@ def _find_cxx() -> None:
     try:
         from torch._inductor.cpp_builder import get_cpp_compiler
     except ImportError:  # a torch without it: the forward below finds out
+        return
+    if inspect.signature(get_cpp_compiler).parameters:  # a private API: only as 2.11-2.13 have it
         return
     get_cpp_compiler()
 
