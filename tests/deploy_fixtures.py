@@ -241,10 +241,20 @@ def shared_demo_data(factory: pytest.TempPathFactory) -> Path:
     return made_once_per_run(factory, "demo-data", synth) / "demo"
 
 
-def demo_config(path: Path, *, max_steps: int = 30, extra: dict[str, Any] | None = None) -> Path:
-    """The repo's demo config, shortened to ``max_steps``, with data under ``data/demo``."""
+def demo_config(
+    path: Path, *, max_steps: int = 30, nproc: int = 2, extra: dict[str, Any] | None = None
+) -> Path:
+    """The repo's demo config, shortened to ``max_steps``, with data under ``data/demo``.
+
+    ``nproc``: ranks per node, the demo's 2 by default (what users run). Pass 1 where the
+    ranks are not the point: how an instance is rented, recovered, moved or ended. Each
+    rank costs about 5 CPU-seconds to start (torch, DDP's dynamo, W&B) and the host's
+    preflight checks its all-reduce with as many processes; the tests of what happens
+    between ranks (launch, lifecycle, faults, the SSH and Docker deploys, Slurm) keep 2.
+    """
     cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     cfg["training"]["max_steps"] = max_steps
+    cfg["distributed"]["nproc_per_node"] = nproc
     cfg["training"]["log_every"] = 5
     cfg["checkpoint"]["every_steps"] = 10
     # W&B as users run it without a key: offline, writing its files (and its links) into

@@ -210,7 +210,10 @@ def test_stop_then_same_deploy_command_continues_the_run(
     # step 5) lands in training however loaded the machine is; the resumed run starts after
     # step 6, so the pause does not hold it again.
     config = demo_config(
-        tmp_path / "demo.yaml", max_steps=12, extra={"faults": paused_at(6), "wandb": NO_WANDB}
+        tmp_path / "demo.yaml",
+        max_steps=12,
+        nproc=1,
+        extra={"faults": paused_at(6, ranks=1), "wandb": NO_WANDB},
     )
     deploy = ["deploy", "--host", "test", "--hosts-file", str(hosts), "--config", str(config)]
     started = fab(*deploy, "--skip-preflight", "--detach")
@@ -245,7 +248,7 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert all(run_id.startswith(i) for i, cut in shown_ids if cut), shown_ids
     outcome = json.loads((workdir / "runs" / run_id / "outcome.json").read_text())
     assert outcome["outcome"] == "finished"
-    assert outcome["reason"].startswith("all 2 rank(s) finished 12 steps")
+    assert outcome["reason"].startswith("all 1 rank(s) finished 12 steps")
     new_events = [
         json.loads(line)
         for line in log.read_bytes()[size_before:].decode().splitlines()

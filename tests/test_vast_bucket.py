@@ -85,7 +85,10 @@ def test_instance_uploads_with_minted_keys_renewed_and_the_account_keys_nowhere(
     quick = {"credentials_hours": 0.25, "renew_before_s": 895}
     wandb = {"mode": "auto", "project": "ups"}
     config = demo_config(
-        tmp_path / "demo.yaml", max_steps=20, extra={"checkpoint_sync": quick, "wandb": wandb}
+        tmp_path / "demo.yaml",
+        max_steps=20,
+        nproc=1,
+        extra={"checkpoint_sync": quick, "wandb": wandb},
     )
     env = fab_env(
         fake_vast, tmp_path, **moto_server.client_env(), AWS_ENDPOINT_URL=moto_server.endpoint_url,
@@ -267,7 +270,7 @@ def test_no_credentials_or_no_minting_stops_before_renting(
     exit 2 naming `credentials: account`, the account keys never sent. No instance was
     created either time. `--dry-run` with `credentials: account` lists what that sends."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", checkpoint_sync="s3://bk/runs")
-    config = demo_config(tmp_path / "demo.yaml", max_steps=5)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=5, nproc=1)
     nowhere = str(tmp_path / "none")
     env = fab_env(fake_vast, tmp_path, AWS_SHARED_CREDENTIALS_FILE=nowhere,
                   AWS_CONFIG_FILE=nowhere, AWS_EC2_METADATA_DISABLED="true")  # fmt: skip

@@ -33,7 +33,7 @@ def test_a_stale_epoch_instance_is_ended_within_the_bound(
     supervisor would: it is destroyed within the bound, never two instances bill past it,
     the record keeps it with its cost and why, and the run finishes on its own instance."""
     hosts = _hosts(fake_vast, tmp_path, demo_data, interruptible=False)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=6)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=6, nproc=1)
     proc = _deploy(tmp_path, fake_vast, hosts, config, "fence")
     deadline = time.monotonic() + 300
     while not [i for i in fake_vast.live() if (i.root / "disk" / "workspace" / "data").exists()]:

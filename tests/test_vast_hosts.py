@@ -87,11 +87,11 @@ def test_two_bad_hosts_then_the_third_trains_and_the_next_deploy_skips_them(
     fake_vast.host_faults.status_msg[1010] = NVML  # offer 101
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml",
                              setup=f"mkdir -p data && ln -sfn {demo_data} data/demo")  # fmt: skip
-    config = demo_config(tmp_path / "demo.yaml", max_steps=4)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=4, nproc=1)
     # Known-good: this machine, unthrottled. A fake instance is this machine: a normal one
     # measures about 1.0 of it, the throttled one about 0.1; the floor sits between.
     known = _step_here(config, demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=4, extra={
+    config = demo_config(tmp_path / "demo.yaml", max_steps=4, nproc=1, extra={
         "preflight": {"known_good": {"step": known}, "burn_in_floor": 0.3}})  # fmt: skip
     started = time.monotonic()
     result = _deploy(tmp_path, fake_vast, hosts, config, "--run", "bad-hosts")
@@ -175,7 +175,8 @@ def test_missing_image_stops_after_one_offer_and_a_taken_offer_moves_on(
     fake_vast.host_faults.missing_images.add(image)
     fake_vast.host_faults.taken_offers.add(102)
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", image=image)
-    result = _deploy(tmp_path, fake_vast, hosts, demo_config(tmp_path / "demo.yaml", max_steps=2))
+    config = demo_config(tmp_path / "demo.yaml", max_steps=2, nproc=1)
+    result = _deploy(tmp_path, fake_vast, hosts, config)
     assert result.returncode == 7, result.stdout[-3000:] + result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
@@ -198,7 +199,7 @@ def test_retried_create_leaves_one_instance_and_destroy_500_is_retried(
     fake_vast.host_faults.destroy_fails = 1
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml",
                              setup=f"mkdir -p data && ln -sfn {demo_data} data/demo")  # fmt: skip
-    config = demo_config(tmp_path / "demo.yaml", max_steps=4)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=4, nproc=1)
     result = _deploy(tmp_path, fake_vast, hosts, config, "--run", "dup", "--detach")
     out = result.stdout
     assert result.returncode == 0, out[-4000:] + result.stderr[-3000:]

@@ -14,7 +14,6 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 import pytest
-import yaml
 
 from tests.deploy_fixtures import FAB, REPO, demo_config, demo_data, paused_at
 from tests.fake_vast import FakeVast, fab_env, fake_vast, write_vast_hosts
@@ -28,18 +27,11 @@ def _setup_line(data: Path) -> str:
     return f"mkdir -p data && ln -sfn {data} data/demo"
 
 
-def _config(tmp_path: Path, max_steps: int) -> Path:
-    return demo_config(tmp_path / "demo.yaml", max_steps=max_steps)
-
-
-def _one_rank(config: Path) -> Path:
-    """``config`` with one rank per node: for the tests about how the instance ends (the
-    watchdog; detach and down), where ranks are not the point; each rank of the demo costs
-    seconds of CPU to start (torch, DDP, W&B). The happy path keeps the demo's 2."""
-    cfg = yaml.safe_load(config.read_text())
-    cfg["distributed"]["nproc_per_node"] = 1
-    config.write_text(yaml.safe_dump(cfg))
-    return config
+def _config(tmp_path: Path, max_steps: int, nproc: int = 1) -> Path:
+    """The demo with one rank, for the tests about how the instance ends (failures, Ctrl-C,
+    the watchdog, detach and down), where ranks are not the point. The happy path keeps the
+    demo's 2."""
+    return demo_config(tmp_path / "demo.yaml", max_steps=max_steps, nproc=nproc)
 
 
 def fab_here(cwd: Path, *args: str, env: dict[str, str], timeout: float) -> CompletedProcess[str]:
@@ -76,7 +68,7 @@ def test_happy_path_provision_train_fetch_destroy(
     """One command rents the cheapest matching offer, trains there, brings the run directory
     home complete, and destroys the instance; the API key never reaches the instance."""
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
-    config = _config(tmp_path, max_steps=20)
+    config = _config(tmp_path, max_steps=20, nproc=2)
     result = fab_here(tmp_path, *_deploy_args(hosts, config, "vast-e2e"),
                       env=fab_env(fake_vast, tmp_path), timeout=400)  # fmt: skip
     out = result.stdout
@@ -186,7 +178,7 @@ def test_watchdog_destroys_after_max_hours_without_laptop(
     # Held asleep at step 6 until the watchdog stops it: the deadline falls mid-training
     # without the run training flat out until then.
     faults = {"faults": paused_at(6, ranks=1)}
-    config = _one_rank(demo_config(tmp_path / "demo.yaml", max_steps=20, extra=faults))
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, nproc=1, extra=faults)
     # No preflight (the happy path covers it): the deadline only has to outlast boot and launch.
     args = _deploy_args(hosts, config, "laptop-gone", "--skip-preflight")
     earliest_deadline = time.time() + WATCHDOG_MAX_HOURS * 3600  # the plan is made after this
@@ -225,7 +217,7 @@ def test_detach_then_instances_and_down(
     hosts = write_vast_hosts(fake_vast, tmp_path / "hosts.yaml", setup=_setup_line(demo_data))
     # Held asleep at step 6 until `fab down`: still running, not training flat out.
     faults = {"faults": paused_at(6, ranks=1)}
-    config = _one_rank(demo_config(tmp_path / "demo.yaml", max_steps=20, extra=faults))
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, nproc=1, extra=faults)
     env = fab_env(fake_vast, tmp_path)
     # No preflight (the happy path covers it): nothing here is about the run's first steps.
     args = _deploy_args(hosts, config, "detached", "--detach", "--skip-preflight")

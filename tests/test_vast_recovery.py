@@ -177,7 +177,7 @@ def test_vanished_host_recovers_then_max_recoveries_stops(
     fake_vast.offers.append({**fake_vast.offers[0], "id": 105, "machine_id": 1050})
     fake_vast.disk_seeds = [{".faults": "hang@0:15"}, {".faults": "hang@0:15"}]
     hosts = _hosts(fake_vast, tmp_path, demo_data, max_recoveries=1)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, nproc=1)
     proc = _deploy(tmp_path, fake_vast, hosts, config, "vanish")
     ckpts = tmp_path / "runs" / "vanish" / "checkpoints"
     _wait_file(ckpts / "step_000010.pt", proc, timeout=300)
@@ -223,7 +223,7 @@ def test_deterministic_failure_is_not_relaunched(
     code, and the reason named."""
     fake_vast.disk_seeds = [{".faults": "nan@0:3"}]
     hosts = _hosts(fake_vast, tmp_path, demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=20)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=20, nproc=1)
     proc = _deploy(tmp_path, fake_vast, hosts, config, "nan")
     out, err = proc.communicate(timeout=400)
     assert proc.returncode == 65, out[-4000:] + err[-3000:]

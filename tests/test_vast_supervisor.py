@@ -129,7 +129,7 @@ def test_killed_supervisor_is_replaced_and_follows_the_same_instance(
     the instance still running from where the local log stopped: no second instance, no
     recovery, the steps go on, Ctrl-C then ends the one instance."""
     hosts = _hosts(fake_vast, tmp_path, demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=100_000)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=100_000, nproc=1)
     run_dir = tmp_path / "runs" / "again"
     # No preflight (test_vast_lifecycle's happy path covers it; the bucket test below runs
     # it on a fresh and on an adopted instance): every deploy here names the same run.
@@ -202,7 +202,9 @@ def test_outbid_while_unsupervised_recovers_from_the_bucket_on_the_next_deploy_b
     # rclone mints no scoped credentials (no STS): the account's keys, said once. The
     # config is test_failover's (30 steps, this checkpoint_sync): one reference for both.
     account = {"credentials": "account"}
-    config = demo_config(tmp_path / "demo.yaml", max_steps=30, extra={"checkpoint_sync": account})
+    config = demo_config(
+        tmp_path / "demo.yaml", max_steps=30, nproc=1, extra={"checkpoint_sync": account}
+    )
     s3_env = {**s3_server.client_env(), "AWS_ENDPOINT_URL": s3_server.endpoint_url}
     run_dir = tmp_path / "runs" / "unsup-s3"
     deploy = _deploy_args(hosts, config, "unsup-s3")
