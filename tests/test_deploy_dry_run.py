@@ -59,7 +59,7 @@ def test_container_dry_run_is_what_runs(sshd: SshServer, demo_data: Path, tmp_pa
     and the real deploy shows the very plan the dry run showed."""
     hosts = sshd.write_hosts(tmp_path / "hosts.yaml")
     link_data(sshd.root / "remote", demo_data)
-    config = demo_config(tmp_path / "demo.yaml", max_steps=3)
+    config = demo_config(tmp_path / "demo.yaml", max_steps=3, nproc=1)  # commands, not ranks
     request = DeployRequest(
         host="test", config=config, run="dry1", hosts_file=str(hosts), follow=False
     )
@@ -121,7 +121,7 @@ def test_vast_dry_run_is_what_runs(
     monkeypatch.chdir(tmp_path)  # the run directory is fetched to ./runs
     request = DeployRequest(
         host="vast",
-        config=demo_config(tmp_path / "demo.yaml", max_steps=3),
+        config=demo_config(tmp_path / "demo.yaml", max_steps=3, nproc=1),  # commands, not ranks
         run="dry3",
         hosts_file=str(hosts),
     )
