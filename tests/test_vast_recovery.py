@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +66,36 @@ def _wait_file(path: Path, proc: subprocess.Popen[str], timeout: float) -> None:
             )
         assert time.monotonic() < deadline, f"{path} never appeared"
         time.sleep(0.2)  # the handshake: a file the deploy writes
+
+
+class _Said:
+    """What a running deploy prints, read as it comes (a thread per pipe): a test can wait
+    for the deploy to say something, then act, and still gets all of both streams."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=lambda f=f, lines=lines: lines.extend(f), daemon=True)
+            for f, lines in ((proc.stdout, self.out), (proc.stderr, self.err))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in list(self.out)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                out, err = self.communicate(timeout=5)
+                raise AssertionError(f"the deploy never said {text!r}:\n{out[-3000:]}{err[-2000:]}")
+            time.sleep(0.2)  # the deploy's next line
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return "".join(self.out), "".join(self.err)
 
 
 def _events(log: Path | list[str], name: str) -> list[dict[str, object]]:
@@ -179,30 +210,26 @@ def test_vanished_host_recovers_then_max_recoveries_stops(
     hosts = _hosts(fake_vast, tmp_path, demo_data, max_recoveries=1)
     config = demo_config(tmp_path / "demo.yaml", max_steps=20, nproc=1)
     proc = _deploy(tmp_path, fake_vast, hosts, config, "vanish")
+    said = _Said(proc)
     ckpts = tmp_path / "runs" / "vanish" / "checkpoints"
     _wait_file(ckpts / "step_000010.pt", proc, timeout=300)
     (first,) = fake_vast.live()
     fake_vast.vanish(first.id)
-    log = tmp_path / "runs" / "vanish" / "logs" / "launch.log"
-    deadline = time.monotonic() + 300
-    while not [i for i in fake_vast.live() if i.id != first.id]:
-        assert proc.poll() is None and time.monotonic() < deadline, "no second instance"
-        time.sleep(0.2)  # the deploy creating the replacement
-    (second,) = fake_vast.live()
-    # Vanished once the checkpoint synced home and the log are on it (the log goes last).
+    # Vanished once the deploy says the checkpoint synced home and the log are on the
+    # replacement (the log goes last). Not when the log's bytes are all there: its upload
+    # then still confirms the size, and a vanish inside that makes the upload fail (seen).
+    said.wait_for("uploaded checkpoint step 10 and the run's log", timeout=300)
+    (second,) = [i for i in fake_vast.live() if i.id != first.id]
     there = second.root / "disk" / "workspace" / "runs" / "vanish"
-    deadline = time.monotonic() + 300
-    while not (there / "logs" / "launch.log").exists() or (
-        (there / "logs" / "launch.log").stat().st_size < log.stat().st_size
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline, "nothing uploaded"
-        time.sleep(0.2)  # the deploy uploading the checkpoint, then the log
     fake_vast.vanish(second.id)
-    out, err = proc.communicate(timeout=300)
+    out, err = said.communicate(timeout=300)
     assert proc.returncode == 8, out[-4000:] + err[-3000:]
     assert f"instance {first.id} lost: vanished from the provider's API" in out
     assert "recovery 1/1: resuming run vanish from step 10 (" in out, out[-4000:]
-    assert "uploaded checkpoint step 10 and the run's log" in out, out[-4000:]
+    log = tmp_path / "runs" / "vanish" / "logs" / "launch.log"
+    # The log it uploaded is on the replacement (which may have added lines since).
+    (sent,) = re.findall(r"uploaded checkpoint step 10 and the run's log \((\d+) bytes\)", out)
+    assert (there / "logs" / "launch.log").stat().st_size >= int(sent) > 0
     uploaded = (there / "checkpoints" / "step_000010.pt").read_bytes()
     assert uploaded == (ckpts / "step_000010.pt").read_bytes(), "not the checkpoint synced home"
     assert "max_recoveries 1 is used up" in err and "step 10" in err
