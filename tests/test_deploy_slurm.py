@@ -4,7 +4,7 @@ reached like a cluster's login node, over real SSH (sshd on this machine).
 One job of the demo runs on two nodes x one rank through a requeue on the time-limit
 warning, a `fab stop` and a second `fab deploy`, and ends with the same held-out numbers
 and the same weights as the same config run uninterrupted by two ranks on one machine
-(`ups launch`, shared with other tests: deploy_fixtures.demo_reference). The other test
+(`ups launch`, deploy_fixtures.demo_reference). The other test
 covers what never trains: a request the cluster cannot meet, and a node whose preflight
 fails; then a script requeued by Slurm itself (`scontrol requeue`).
 """
@@ -112,8 +112,8 @@ def test_two_nodes_through_requeue_and_stop_match_one_node(
     workdir = sshd.root / "remote"
     link_data(workdir, demo_data)
     hosts = _hosts(sshd, tmp_path)
-    # 30 steps: the demo config test_failover and test_vast_supervisor's outbid test compare
-    # with too (their bucket aside), so one uninterrupted reference serves all three.
+    # Its own uninterrupted reference: the managed Vast tests that train 30 steps of the
+    # demo too (test_failover, test_vast_supervisor) run one rank, this world size is 2.
     plain = demo_config(tmp_path / "plain.yaml", max_steps=30)
     reference_run = demo_reference(tmp_path_factory, plain, demo_data)
 
