@@ -247,10 +247,11 @@ def demo_config(
     """The repo's demo config, shortened to ``max_steps``, with data under ``data/demo``.
 
     ``nproc``: ranks per node, the demo's 2 by default (what users run). Pass 1 where the
-    ranks are not the point: how an instance is rented, recovered, moved or ended. Each
-    rank costs about 5 CPU-seconds to start (torch, DDP's dynamo, W&B) and the host's
-    preflight checks its all-reduce with as many processes; the tests of what happens
-    between ranks (launch, lifecycle, faults, the SSH and Docker deploys, Slurm) keep 2.
+    ranks are not the point: how an instance is rented, recovered, moved or ended, or what
+    commands a deploy runs. Each rank costs about 5 CPU-seconds before its first step
+    (torch, and the dynamo that DDP's constructor imports). The tests of what happens
+    between ranks keep 2 (the SSH deploy's streaming and rank failure, Docker, Slurm; the
+    launch, lifecycle and fault tests use their own configs).
     """
     cfg = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
     cfg["training"]["max_steps"] = max_steps

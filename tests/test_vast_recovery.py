@@ -3,16 +3,17 @@ finishes bit-for-bit; a deterministic failure is not relaunched; past max_recove
 deploy stops with exit 8 and nothing billing. FAKE Vast API, real instances (sshd as PID 1
 of their own namespace), the real `vastai` SDK.
 
-Every interruption is ordered by a file handshake, never by timing: the first instance
-gets a `hang` fault (``.faults`` seeded on its disk, read by ``remote_env``) so its run
-stops for good at a known step, and the test interrupts it only once the checkpoint before
-that step has been synced into the local run directory.
+Every interruption is ordered by a handshake (a file, or a line the deploy prints), never
+by timing: the first instance gets a `hang` fault (``.faults`` seeded on its disk, read by
+``remote_env``) so its run stops for good at a known step, and the test interrupts it only
+once the checkpoint before that step has been synced into the local run directory.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -87,7 +88,9 @@ class _Said:
         deadline = time.monotonic() + timeout
         while not any(text in line for line in list(self.out)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                out, err = self.communicate(timeout=5)
+                if self.proc.poll() is None:
+                    self.proc.send_signal(signal.SIGINT)  # Ctrl-C: it destroys what it rented
+                out, err = self.communicate(timeout=120)
                 raise AssertionError(f"the deploy never said {text!r}:\n{out[-3000:]}{err[-2000:]}")
             time.sleep(0.2)  # the deploy's next line
 
