@@ -49,6 +49,7 @@ USER_FACING = {
     "WorkloadError",
     "DevHostError",
     "DataError",
+    "DemoDataError",  # ups data synth, ups demo: the demo files could not be written
     "ResumeRefused",
     "CacheError",
     "NothingToExport",

@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import resource
+import signal
+import subprocess
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 
+from tests.conftest import PYTHON
 from ups.config import TaskConfig
 from ups.console.steps import steps_line
 from ups.data import synth
@@ -171,3 +175,64 @@ def test_progress_names_each_file_before_it_is_written_and_the_line_ends_full(
     assert seen == [(i, 4, name, False) for i, name in enumerate(names)]
     last = screen.getvalue().strip().splitlines()[-1]
     assert re.search(r"demo data .* 4/4 +0:00:\d\d written to data/demo$", last), last
+
+
+UPS = str(Path(PYTHON).parent / "ups")
+
+
+@pytest.mark.slow
+def test_synth_that_cannot_write_names_the_file_and_the_fix_and_leaves_no_half_file(
+    tmp_path: Path,
+) -> None:
+    """`ups data synth` into a broken link, then under a file-size limit that stops the first
+    file halfway (as a full disk would): exit 74, one paragraph naming the path, the cause
+    and the fix, no traceback; and no file at all where the write failed, neither the
+    target nor its temporary (ups.fsio), so the next `ups demo` cannot take a truncated
+    file for its data."""
+    link = tmp_path / "demo"
+    link.symlink_to(tmp_path / "gone")
+    broken = subprocess.run(
+        [UPS, "data", "synth", "--out", str(link)], capture_output=True, text=True, timeout=120
+    )
+    assert broken.returncode == 74, broken.stderr[-2000:]
+    assert f"cannot write the demo data to {link}: File exists" in broken.stderr
+    assert "broken link" in broken.stderr and "Traceback" not in broken.stderr
+
+    def limit() -> None:  # below the first file's 26 MB: its write fails halfway
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10_000_000, 10_000_000))
+
+    out = tmp_path / "limited"
+    limited = subprocess.run(
+        [UPS, "data", "synth", "--out", str(out)], capture_output=True, text=True,
+        timeout=300, preexec_fn=limit,
+    )  # fmt: skip
+    assert limited.returncode == 74, limited.stderr[-2000:]
+    assert f"File too large ({out / synth.ADVECTION_FILE})" in limited.stderr
+    assert "ulimit -f" in limited.stderr and "Traceback" not in limited.stderr
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_synth_keeps_the_whole_files_and_says_how_many(tmp_path: Path) -> None:
+    """Ctrl-C while `ups data synth` computes its second file: exit 130 and one paragraph
+    (1 of 4 complete, run it again), no traceback; the first file is whole and readable,
+    nothing else is left, no temporary either."""
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [UPS, "data", "synth", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:  # JSON events off a terminal: each file named before it is made
+        if '"data_file_writing"' in line and '"file":"2/4"' in line.replace(" ", ""):
+            proc.send_signal(signal.SIGINT)
+            break
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert f"interrupted (Ctrl-C) while writing the demo data to {out}" in stderr
+    assert "1 of 4 files are complete" in stderr and "Traceback" not in stderr
+    assert [p.name for p in out.iterdir()] == [synth.ADVECTION_FILE]
+    info = inspect_task(
+        TaskConfig(name="advection", layout="single_1d", path=out / synth.ADVECTION_FILE)
+    )
+    assert info.n_samples == synth.SMALL.n_1d

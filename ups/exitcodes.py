@@ -125,8 +125,10 @@ SAVE_FAILED = ExitCode(
     74,
     "save_failed",
     "Rank 0 could not write a checkpoint (disk full, I/O error, permissions); every rank "
-    "stopped, the earlier checkpoints are intact.",
-    "Free space (or lower `checkpoint.keep_last`), then run the same command: it resumes.",
+    "stopped, the earlier checkpoints are intact. `ups data synth`/`ups demo`: the demo data "
+    "could not be written (the message names the file and why); no file is left half-written.",
+    "Free space (or lower `checkpoint.keep_last`), then run the same command: it resumes. "
+    "For the demo data: the fix the message names (a folder you can write, free space).",
 )
 PREEMPTED = ExitCode(
     75,
@@ -157,7 +159,9 @@ INTERRUPTED = ExitCode(
     "interrupted",
     "Ctrl-C (SIGINT). `ups launch`: outside training (inside it, the run is preempted, 75). "
     "`fab deploy`/`logs` of a run they follow: only following stopped, the run goes on; a "
-    "managed run's instance was ended per `on_exit` first.",
+    "managed run's instance was ended per `on_exit` first. `ups data synth`/`ups demo` "
+    "while writing the demo data: the files already written are whole, the one being "
+    "written was not kept.",
     "Run the same command again to continue (or to follow the run again).",
 )
 STOPPED_SIGTERM = ExitCode(

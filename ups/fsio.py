@@ -1,10 +1,10 @@
 """The one way ups writes a file that must never be seen half-written.
 
-Checkpoints, outcomes, cache manifests, host keys, torchrun results and the ``latest``
-run link all go through here: write a temporary file in the same directory, fsync it,
-rename it over the target, fsync the directory. On any error (ENOSPC, EIO, a signal's
-exception) the temporary file is removed, so a failed write never leaves a file that
-keeps a full disk full, and the old target stays as it was.
+Checkpoints, outcomes, cache manifests, host keys, torchrun results, the demo data's HDF5
+files and the ``latest`` run link all go through here: write a temporary file in the same
+directory, fsync it, rename it over the target, fsync the directory. On any error
+(ENOSPC, EIO, a signal's exception) the temporary file is removed, so a failed write never
+leaves a file that keeps a full disk full, and the old target stays as it was.
 """
 
 from __future__ import annotations
@@ -29,15 +29,18 @@ def fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path, mode: int = 0o644) -> Iterator[IO[bytes]]:
+def atomic_open(path: Path, mode: int = 0o644, *, readable: bool = False) -> Iterator[IO[bytes]]:
     """Yield a binary file whose contents replace ``path`` atomically when the block ends.
 
     ``mode`` is applied at creation (0o600 for secrets: never briefly world-readable).
+    ``readable``: open it for reading too, for writers that read back what they wrote
+    (h5py, given a file object, writes an HDF5 file through it).
     """
     tmp = _tmp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    flags = (os.O_RDWR if readable else os.O_WRONLY) | os.O_CREAT | os.O_TRUNC
+    fd = os.open(tmp, flags, mode)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "w+b" if readable else "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

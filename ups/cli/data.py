@@ -3,16 +3,60 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from ups import exitcodes
 from ups.config import ConfigError, load_config
 from ups.console import wants_console
 from ups.console.steps import steps_line
 from ups.data.layouts import DataError, inspect_task  # h5py, not torch
-from ups.data.synth import synthesize
+from ups.data.synth import DEMO_FILES, synthesize
 from ups.log import get_logger, setup_logging
+
+DEMO_MB = 95
+"""About how much the demo files take on disk (the fix when the disk is full)."""
+
+
+class DemoDataError(Exception):
+    """The demo data could not be written; ``str()`` is the paragraph to print, ``code``
+    the exit code (``ups data synth`` and ``ups demo`` end with it)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fix_for(exc: OSError) -> str:
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        return (
+            "a file or a broken link stands where a folder must be: remove it, or write the "
+            "data elsewhere (`ups data synth --out DIR`, and the config's tasks[].path)"
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = (
+            "that file system is read-only"
+            if exc.errno == errno.EROFS
+            else "this user cannot write there"
+        )
+        return (
+            f"{why}: write the data to a folder you can write "
+            "(`ups data synth --out DIR`, and the config's tasks[].path)"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"the disk is full: the demo files take about {DEMO_MB} MB; free that much there, "
+            "or write them to another disk (`ups data synth --out DIR`)"
+        )
+    if exc.errno == errno.EFBIG:
+        return (
+            "a file-size limit (`ulimit -f`) is below the demo files' size (up to 27 MB each): "
+            "raise it in this shell, or run where there is none"
+        )
+    return "check that folder, then run the same command again"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,21 +86,50 @@ def write_demo_data(out: Path, seed: int, *, live: bool) -> list[Path]:
     happening meanwhile: a live line naming the file being written on a terminal
     (``live``), else a ``data_file_writing`` event before each file. Either way it ends
     with ``data_file_written`` per file (off a terminal) and one ``demo_data_ready``.
-    Logging is set up by the caller."""
+    Logging is set up by the caller.
+
+    Raises :class:`DemoDataError` when the files cannot be written (exit 74) or on Ctrl-C
+    (130): each file appears whole or not at all (ups.data.synth), so the paragraph can say
+    which are complete.
+    """
     log = get_logger("ups.data")
     start = time.monotonic()
-    if live:
-        with steps_line(sys.stdout, "demo data", f"written to {out}") as step:
-            paths = synthesize(out, seed, progress=step)
-    else:
+    written, current = 0, out  # the progress callback names each file before writing it
 
-        def writing(done: int, total: int, path: Path) -> None:
-            log.info(
-                "data_file_writing", text="writing data file", path=str(path),
-                file=f"{done + 1}/{total}",
-            )  # fmt: skip
+    def counted(step: Callable[[int, int, Path], object]) -> Callable[[int, int, Path], None]:
+        def progress(done: int, total: int, path: Path) -> None:
+            nonlocal written, current
+            written, current = done, path
+            step(done, total, path)
 
-        paths = synthesize(out, seed, progress=writing)
+        return progress
+
+    def writing(done: int, total: int, path: Path) -> None:
+        log.info(
+            "data_file_writing", text="writing data file", path=str(path),
+            file=f"{done + 1}/{total}",
+        )  # fmt: skip
+
+    try:
+        if live:
+            with steps_line(sys.stdout, "demo data", f"written to {out}") as step:
+                paths = synthesize(out, seed, progress=counted(step))
+        else:
+            paths = synthesize(out, seed, progress=counted(writing))
+    except OSError as exc:
+        where = exc.filename or current
+        raise DemoDataError(
+            f"ups: cannot write the demo data to {out}: {exc.strerror or exc} ({where}). "
+            f"Fix: {_fix_for(exc)}. No file there is half-written.",
+            exitcodes.SAVE_FAILED.code,
+        ) from None
+    except KeyboardInterrupt:
+        raise DemoDataError(
+            f"ups: interrupted (Ctrl-C) while writing the demo data to {out}: "
+            f"{written} of {len(DEMO_FILES)} files are complete, and the one being written "
+            "was not kept. Run the same command again to write them all.",
+            exitcodes.INTERRUPTED.code,
+        ) from None
         for path in paths:
             log.info(
                 "data_file_written", text="data file written", path=str(path),
@@ -102,6 +175,10 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     setup_logging()
     if args.command == "synth":
-        write_demo_data(args.out, args.seed, live=wants_console("auto", sys.stdout))
+        try:
+            write_demo_data(args.out, args.seed, live=wants_console("auto", sys.stdout))
+        except DemoDataError as exc:
+            print(exc, file=sys.stderr)
+            return exc.code
         return 0
     return _check(args.config, args.overrides)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ups.cli.data import write_demo_data
+from ups.cli.data import DemoDataError, write_demo_data
 from ups.config import ConfigError, load_config
 from ups.console import LOG_FORMATS, eval_table, render_text, wants_console
 from ups.log import setup_logging
@@ -62,7 +62,11 @@ def main(argv: list[str]) -> int:
     if missing:
         live = wants_console(args.log_format, sys.stdout)
         setup_logging(console=live)
-        write_demo_data(missing[0].parent, args.seed, live=live)
+        try:
+            write_demo_data(missing[0].parent, args.seed, live=live)
+        except DemoDataError as exc:
+            print(exc, file=sys.stderr)
+            return exc.code
     from ups.cli import launch
 
     sets = [f"--set={item}" for item in args.overrides]

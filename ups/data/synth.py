@@ -17,12 +17,15 @@ Every file is a deterministic function of ``seed``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from ups.fsio import atomic_open
 
 ADVECTION_FILE = "1D_Advection_Sols_beta0.4.hdf5"
 BURGERS_FILE = "1D_Burgers_Sols_Nu0.01.hdf5"
@@ -266,8 +269,17 @@ def fitzhugh_nagumo(u0: np.ndarray, v0: np.ndarray, times: np.ndarray, h: float)
     return out
 
 
+@contextmanager
+def _new_h5(path: Path) -> Iterator[h5py.File]:
+    """An HDF5 file that appears at ``path`` whole when the block ends, or not at all: a
+    Ctrl-C or a full disk while it is written leaves the previous file (or none), never a
+    truncated one that the next ``ups demo`` would take for its data (ups.fsio)."""
+    with atomic_open(path, readable=True) as raw, h5py.File(raw, "w") as f:
+        yield f
+
+
 def _write_1d(path: Path, u: np.ndarray, x: np.ndarray, attr: str, value: float) -> None:
-    with h5py.File(path, "w") as f:
+    with _new_h5(path) as f:
         f.create_dataset("tensor", data=u.astype(np.float32))
         f.create_dataset("x-coordinate", data=x.astype(np.float32))
         t = np.arange(u.shape[1] + 1) * DT_SAVE
@@ -298,7 +310,7 @@ def synth_darcy(out_dir: Path, rng: np.random.Generator, sizes: Sizes, beta: flo
     a = np.where(field > field.mean(axis=(1, 2), keepdims=True), 1.0, 0.1)
     u = darcy(a, beta)
     path = out_dir / DARCY_FILE
-    with h5py.File(path, "w") as f:
+    with _new_h5(path) as f:
         f.create_dataset("nu", data=a.astype(np.float32))
         f.create_dataset("tensor", data=u[:, None].astype(np.float32))
         f.create_dataset("x-coordinate", data=cell_centres(s).astype(np.float32))
@@ -315,7 +327,7 @@ def synth_diffreact(out_dir: Path, rng: np.random.Generator, sizes: Sizes) -> Pa
     init = rng.standard_normal((2, n, s, s))
     data = fitzhugh_nagumo(init[0], init[1], times, 2.0 / s)
     path = out_dir / DIFFREACT_FILE
-    with h5py.File(path, "w") as f:
+    with _new_h5(path) as f:
         for i in range(n):
             g = f.create_group(f"{i:04d}")
             g.create_dataset("data", data=data[i].astype(np.float32))
