@@ -232,6 +232,7 @@ def test_stop_then_same_deploy_command_continues_the_run(
     assert "preempted (exit 75)" in followed.stdout
     assert "started run" not in followed.stdout  # logs only replays; it never resumes
     assert "run the same `fab deploy` (or `ups deploy`) again" in followed.stdout
+    assert f"--run {run_id} in place of --fresh" in followed.stdout  # --fresh would not continue
     size_before = log.stat().st_size
 
     again = fab(*deploy, "--skip-preflight", timeout=300)

@@ -73,8 +73,9 @@ def follow(
         summary += f"launcher exited {code} without writing outcome.json (see {found.state_dir})"
     target.say(summary)
     if code not in (0,) and found.deployed:
+        # With --fresh the same command would start yet another run: --run names this one.
         target.say(
-            "to continue it, run the same `fab deploy` (or `ups deploy`) again (or add "
-            f"--run {found.run_id})"
+            "to continue it, run the same `fab deploy` (or `ups deploy`) again, with "
+            f"--run {found.run_id} in place of --fresh if it had that"
         )
     return code
