@@ -14,7 +14,16 @@ from ups.deploy.managed.offers import choose, search
 from ups.deploy.managed.reconcile import reconcile
 from ups.deploy.managed.record import Rented
 from ups.deploy.managed.record import State as Record
-from ups.deploy.providers import Instance, NoOffer, Offer, RunLabel, label_for, parse_label
+from ups.deploy.providers import (
+    Instance,
+    NoOffer,
+    Offer,
+    RunLabel,
+    label_for,
+    package,
+    parse_label,
+)
+from ups.deploy.providers.base import ApiErrorKind, ProviderApiError
 from ups.deploy.providers.vast.client import ACCOUNT
 from ups.deploy.providers.vast.instance import State, instance_of, state_of
 from ups.deploy.providers.vast.offers import offer_of
@@ -231,3 +240,20 @@ def test_a_detaching_deploy_is_named_as_such_not_as_the_supervisor_to_kill() -> 
     supervising = Holder("h", 42, 1.0, "t", "detached", 0.0, 60.0)
     assert supervising.describe().startswith("detached supervisor pid 42 on h")
     assert "`kill 42` on h" in supervising.how_to_end()
+
+
+def test_an_instance_without_its_id_or_key_says_so_in_the_instances_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog on an instance started some other way (no ``CONTAINER_ID`` or
+    ``CONTAINER_API_KEY``) is told what is missing there, not the laptop's paragraph about
+    saving an account key with `vastai set api-key`: nobody types that on the instance."""
+    monkeypatch.delenv("CONTAINER_ID", raising=False)
+    monkeypatch.setenv("CONTAINER_API_KEY", "instance-key")
+    inside = package("vast").on_instance("http://127.0.0.1:9", None)
+    with pytest.raises(ProviderApiError) as missing:
+        inside.end_self("destroy")
+    assert missing.value.kind is ApiErrorKind.KEY_MISSING
+    said = str(missing.value)
+    assert "cannot destroy this Vast instance: no CONTAINER_ID or no key" in said
+    assert ACCOUNT.save_key not in said and "vastai" not in said

@@ -157,7 +157,7 @@ class Watchdog:
                 inside.end_self("stop")
         except ProviderApiError as err:
             if err.kind is ApiErrorKind.KEY_MISSING:
-                _log("watchdog cannot act: no instance id or no key", action=self.action)
+                _log("watchdog cannot act", action=self.action, error=str(err))
                 return True
             _log("watchdog API call failed, retrying in a minute", error=str(err))
             return False

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ups.deploy.providers.base import ApiErrorKind, api_error
-from ups.deploy.providers.vast.client import ACCOUNT, VastApi
+from ups.deploy.providers.base import ApiErrorKind, ProviderApiError
+from ups.deploy.providers.vast.client import VastApi
 
 
 class OnInstance:
@@ -24,7 +24,14 @@ class OnInstance:
     def end_self(self, action: str) -> None:
         instance = self.instance_id()
         if instance is None or self.key is None:
-            raise api_error(ACCOUNT, ApiErrorKind.KEY_MISSING, f"{action} this instance")
+            # Not the laptop's paragraph (which key file to save where): on the instance the
+            # id and key come from Vast's environment, or the key file ups sent.
+            raise ProviderApiError(
+                f"the watchdog cannot {action} this Vast instance: no CONTAINER_ID or no key "
+                "in its environment (Vast sets CONTAINER_ID and CONTAINER_API_KEY in every "
+                "instance)",
+                kind=ApiErrorKind.KEY_MISSING,
+            )
         api = VastApi(self.endpoint, api_key=self.key)
         if action == "destroy":
             api.destroy(int(instance))
