@@ -1,7 +1,8 @@
-"""Demo data in the exact PDEBench layouts, small enough to synthesize in seconds.
+"""Demo data in the exact PDEBench layouts, small enough to synthesize in under a minute.
 
-Sizes (chosen so ``ups demo`` trains for a few minutes on 2 CPU cores and synthesis takes
-well under 20 s; ``small=False`` gives the released grid sizes with fewer samples):
+Sizes: chosen so ``ups demo`` trains for a few minutes on 2 CPU cores and synthesis takes
+about 25 s there, two thirds of it the Darcy solves (``demo_data_ready`` gives the
+seconds). ``small=False`` gives the released grid sizes with fewer samples:
 
 ==============================  =========================  ==================================
 file                            small                      what
