@@ -70,6 +70,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if timeline:
             line = {"pid": os.getpid(), "id": item.nodeid, "start": start, "end": time.time()}
+            Path(timeline).mkdir(parents=True, exist_ok=True)  # a new DIR: no internal error
             with open(Path(timeline) / f"{os.getpid()}.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
 
