@@ -111,6 +111,7 @@ def write_demo_data(out: Path, seed: int, *, live: bool) -> list[Path]:
         )  # fmt: skip
 
     try:
+        out.mkdir(parents=True, exist_ok=True)  # a bad --out is said before the live line
         if live:
             with steps_line(sys.stdout, "demo data", f"written to {out}") as step:
                 paths = synthesize(out, seed, progress=counted(step))
